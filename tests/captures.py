@@ -1,0 +1,120 @@
+"""Replay of real vLLM 0.32 captures (../shared/reference/captures) through an in-process transport."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CAPTURES = REPO_ROOT.parent / "shared" / "reference" / "captures"
+BASE_URL = "http://vllm.test:8000/v1"
+
+
+@dataclass
+class Capture:
+    name: str
+    path: str
+    request: dict[str, Any]
+    status: int
+    body: bytes
+
+    @property
+    def is_stream(self) -> bool:
+        return self.body.startswith(b"data:") or self.body.startswith(b"event:")
+
+    def events(self) -> list[bytes]:
+        """The SSE events of a streaming capture, each with its blank-line terminator."""
+        return [e + b"\n\n" for e in self.body.split(b"\n\n") if e.strip()]
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def load_capture(name: str) -> Capture:
+    raw = (CAPTURES / f"{name}.txt").read_bytes()
+    head, body = raw.split(b"\n\n", 1)
+    lines = head.decode().splitlines()
+    path = lines[0].split(" ", 1)[1]
+    request = json.loads(lines[1].split(" ", 1)[1])
+    status = int(lines[2].split(" ", 1)[1])
+    return Capture(name, path, request, status, body)
+
+
+@dataclass
+class Replay:
+    """An in-process server answering every request with scripted captures, in order."""
+
+    responses: list[Capture | int]
+    received: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    chunked: bool = True
+
+    def _next(self, request: httpx2.Request) -> Capture | int:
+        self.received.append(json.loads(request.content) if request.content else {})
+        self.headers.append(dict(request.headers))
+        item = self.responses[0] if len(self.responses) == 1 else self.responses.pop(0)
+        return item
+
+    def sync_handler(self, request: httpx2.Request) -> httpx2.Response:
+        item = self._next(request)
+        if isinstance(item, int):
+            return httpx2.Response(item, json={"error": {"message": "busy", "code": item}})
+        if item.is_stream:
+            events = item.events()
+
+            def gen() -> Iterator[bytes]:
+                yield from events
+
+            return httpx2.Response(
+                item.status, headers={"content-type": "text/event-stream"}, content=gen()
+            )
+        return httpx2.Response(
+            item.status, headers={"content-type": "application/json"}, content=item.body
+        )
+
+    async def async_handler(self, request: httpx2.Request) -> httpx2.Response:
+        item = self._next(request)
+        if isinstance(item, int):
+            return httpx2.Response(item, json={"error": {"message": "busy", "code": item}})
+        if item.is_stream:
+            events = item.events()
+
+            async def agen() -> AsyncIterator[bytes]:
+                for e in events:
+                    yield e
+
+            return httpx2.Response(
+                item.status, headers={"content-type": "text/event-stream"}, content=agen()
+            )
+        return httpx2.Response(
+            item.status, headers={"content-type": "application/json"}, content=item.body
+        )
+
+
+def replay_clients(replay: Replay, base_url: str = BASE_URL) -> tuple[Any, Any]:
+    """A sync and an async openai client whose HTTP goes to `replay`."""
+    import openai
+
+    sync = openai.OpenAI(
+        base_url=base_url,
+        api_key="sk-secret-test-key",
+        max_retries=2,
+        http_client=openai.DefaultHttpxClient(transport=httpx2.MockTransport(replay.sync_handler)),
+    )
+    asyn = openai.AsyncOpenAI(
+        base_url=base_url,
+        api_key="sk-secret-test-key",
+        max_retries=2,
+        http_client=openai.DefaultAsyncHttpxClient(
+            transport=httpx2.MockTransport(replay.async_handler)
+        ),
+    )
+    return sync, asyn
+
+
+RequestFn = Callable[..., Any]

@@ -1,0 +1,80 @@
+"""tito-agents: capture the exact token ids vLLM sampled inside agent frameworks, attribute every
+call to its episode and agent, and write trainer-ready samples.
+
+    import tito_agents as tito
+    collector = tito.Collector("samples.jsonl")
+    client = collector.wrap(openai.AsyncOpenAI(base_url=VLLM_URL, api_key="EMPTY"))
+    async with collector.episode(task_id="t1") as ep:
+        ...  # the agent's own code, unchanged
+        ep.set_reward(1.0)
+"""
+
+from __future__ import annotations
+
+from tito_agents._capture import ErrorPolicy, OutsideEpisode
+from tito_agents.calls import Call, CallStatus, Endpoint
+from tito_agents.collector import CaptureStats, Collector
+from tito_agents.episodes import (
+    ContextThreadPoolExecutor,
+    Episode,
+    EpisodeReport,
+    agent,
+    bind,
+    current_agent,
+    current_episode,
+    labels,
+)
+from tito_agents.errors import (
+    CaptureError,
+    ConfigurationError,
+    EpisodeCaptureError,
+    IncompleteCallError,
+    MalformedResponseError,
+    MissingTokenIdsError,
+    OutsideEpisodeError,
+    SampleFormatError,
+    SinkError,
+    TitoError,
+    TokenCountMismatchError,
+)
+from tito_agents.samples import CallSpan, Sample
+from tito_agents.sinks import CallbackSink, JsonlSink, MemorySink, Sink, read_samples
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Call",
+    "CallSpan",
+    "CallStatus",
+    "CallbackSink",
+    "CaptureError",
+    "CaptureStats",
+    "Collector",
+    "ConfigurationError",
+    "ContextThreadPoolExecutor",
+    "Endpoint",
+    "Episode",
+    "EpisodeCaptureError",
+    "EpisodeReport",
+    "ErrorPolicy",
+    "IncompleteCallError",
+    "JsonlSink",
+    "MalformedResponseError",
+    "MemorySink",
+    "MissingTokenIdsError",
+    "OutsideEpisode",
+    "OutsideEpisodeError",
+    "Sample",
+    "SampleFormatError",
+    "Sink",
+    "SinkError",
+    "TitoError",
+    "TokenCountMismatchError",
+    "__version__",
+    "agent",
+    "bind",
+    "current_agent",
+    "current_episode",
+    "labels",
+    "read_samples",
+]

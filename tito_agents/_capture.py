@@ -1,0 +1,318 @@
+"""The capture core shared by the sync and async transports: decide, snapshot, parse, record.
+
+Transports do only I/O; everything else happens here once: whether a request is captured, the
+request rewrite, the attribution snapshot taken at request time, response parsing (JSON body or a
+teed SSE stream) and turning parsed choices into `Call` records handed to the episode.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from tito_agents import episodes
+from tito_agents._wire import (
+    ParsedChoice,
+    RequestInfo,
+    ResponseParser,
+    SSEDecoder,
+    endpoint_for_path,
+    prepare_request,
+)
+from tito_agents.calls import EMPTY_IDS, Call, CallStatus
+from tito_agents.errors import (
+    CaptureError,
+    IncompleteCallError,
+    MalformedResponseError,
+    OutsideEpisodeError,
+)
+
+if TYPE_CHECKING:
+    from tito_agents.collector import Collector
+    from tito_agents.episodes import Episode
+
+
+class ErrorPolicy(enum.Enum):
+    """What a capture problem (missing or inconsistent ids) does."""
+
+    RAISE = "raise"
+    """Fail the agent's own call with the typed error (strict mode)."""
+    EPISODE = "episode"
+    """Default: the agent's call gets its response unchanged; the episode's exit raises
+    `EpisodeCaptureError` after writing the samples of the good calls."""
+    COUNT = "count"
+    """Lenient: the call is recorded as unusable and counted; nothing raises."""
+
+
+class OutsideEpisode(enum.Enum):
+    """What happens to a captured call made outside any episode."""
+
+    DEFAULT = "default"
+    """Default: it joins the collector's default episode and is written as a per-call sample
+    (episode id "default", no reward) as soon as it completes."""
+    ERROR = "error"
+    """The request is refused with `OutsideEpisodeError` before it is sent."""
+    IGNORE = "ignore"
+    """The request is sent untouched and nothing is captured."""
+
+
+@dataclass(slots=True)
+class PendingCall:
+    """A captured request in flight: what was asked, by whom, and when."""
+
+    info: RequestInfo
+    episode: Episode
+    agent: str | None
+    labels: Mapping[str, Any]
+    seq: int
+    policy_version: str | None
+    started_at: float
+    first_byte_at: float | None = None
+    finished: bool = False
+
+
+class CaptureCore:
+    """Request/response logic of the transports, bound to one collector and a set of vLLM hosts."""
+
+    def __init__(self, collector: Collector, vllm_hosts: frozenset[str]) -> None:
+        self.collector = collector
+        self.vllm_hosts = vllm_hosts
+
+    def is_vllm_host(self, host: str, port: int | None) -> bool:
+        """Hosts are matched as "host:port" first, then as bare "host"."""
+        if port is not None and f"{host}:{port}" in self.vllm_hosts:
+            return True
+        return host in self.vllm_hosts
+
+    def begin(
+        self, method: str, host: str, port: int | None, path: str, body: bytes | None
+    ) -> tuple[bytes | None, PendingCall] | None:
+        """Decide whether to capture a request. Returns `(new_body_or_None, pending)` or None."""
+        if method != "POST" or body is None or not self.is_vllm_host(host, port):
+            return None
+        endpoint = endpoint_for_path(path)
+        if endpoint is None:
+            return None
+        collector = self.collector
+        episode = episodes.current_episode()
+        if episode is None:
+            policy = collector.outside_episode
+            if policy is OutsideEpisode.IGNORE:
+                return None
+            if policy is OutsideEpisode.ERROR:
+                raise OutsideEpisodeError(
+                    "a call to a vLLM host was made outside any episode; wrap the rollout in "
+                    "`with collector.episode(...)` or set outside_episode='default'"
+                )
+            episode = collector.default_episode
+        prepared = prepare_request(endpoint, body, capture_logprobs=collector.capture_logprobs)
+        if prepared is None:
+            collector.stats.skipped_requests += 1
+            return None
+        new_body, info = prepared
+        if not collector.keep_messages:
+            info.messages = None
+            info.tools = None
+        pending = PendingCall(
+            info=info,
+            episode=episode,
+            agent=episodes.current_agent() or episode.agent,
+            labels=episodes.current_labels(),
+            seq=episode.next_seq(),
+            policy_version=collector.policy_version,
+            started_at=time.time(),
+        )
+        collector.stats.requests += 1
+        return new_body, pending
+
+    def discard(self, pending: PendingCall, status: int | None) -> None:
+        """A failed attempt (non-2xx or transport error): not a call. The SDK may retry it."""
+        if pending.finished:
+            return
+        pending.finished = True
+        pending.episode.call_ended()
+        self.collector.stats.failed_attempts += 1
+
+    def finish_body(self, pending: PendingCall, status: int, body: bytes) -> None:
+        """Record the calls of a complete non-streaming response."""
+        parser = ResponseParser(pending.info)
+        try:
+            choices = parser.parse_body(body)
+        except CaptureError as exc:
+            choices = [_failed_choice(exc)]
+        self._record(pending, parser, choices, status, stream=False)
+
+    def open_stream(self, pending: PendingCall, status: int) -> StreamTee:
+        """A tee for an SSE response: fed with each raw byte chunk as it passes to the caller."""
+        return StreamTee(self, pending, status)
+
+    def _record(
+        self,
+        pending: PendingCall,
+        parser: ResponseParser,
+        choices: list[ParsedChoice],
+        status: int,
+        *,
+        stream: bool,
+        incomplete: CaptureError | None = None,
+    ) -> None:
+        if pending.finished:
+            return
+        pending.finished = True
+        episode = pending.episode
+        episode.call_ended()
+        collector = self.collector
+        ended = time.time()
+        response_id = parser.response_id or f"tito-{uuid.uuid4().hex}"
+        info = pending.info
+        calls: list[Call] = []
+        first_error: CaptureError | None = None
+        for choice in choices:
+            error = incomplete or choice.error
+            if incomplete is not None:
+                call_status = CallStatus.INCOMPLETE
+            elif choice.error is not None:
+                call_status = CallStatus.UNUSABLE
+            else:
+                call_status = CallStatus.COMPLETE
+            call_id = f"{response_id}/{choice.index}"
+            if error is not None:
+                error.call_id = call_id
+                first_error = first_error or error
+            sampled = choice.sampled_ids
+            calls.append(
+                Call(
+                    call_id=call_id,
+                    request_id=response_id,
+                    endpoint=info.endpoint,
+                    choice_index=choice.index,
+                    status=call_status,
+                    prompt_ids=choice.prompt_ids if choice.prompt_ids is not None else EMPTY_IDS,
+                    sampled_ids=sampled if sampled is not None else EMPTY_IDS,
+                    logprobs=choice.logprobs,
+                    finish_reason=choice.finish_reason,
+                    stop_reason=choice.stop_reason,
+                    model=parser.model,
+                    http_status=status,
+                    stream=stream,
+                    started_at=pending.started_at,
+                    ended_at=ended,
+                    sampling=info.sampling,
+                    routed_experts=choice.routed_experts,
+                    error=error,
+                    episode_id=episode.episode_id,
+                    agent=pending.agent,
+                    labels=dict(pending.labels),
+                    seq=pending.seq,
+                    policy_version=pending.policy_version,
+                    messages=info.messages,
+                    tools=info.tools,
+                )
+            )
+        added = episode.add_calls(calls)
+        collector.on_calls_recorded(episode, calls, added)
+        if first_error is not None and incomplete is None:
+            if collector.error_policy is ErrorPolicy.RAISE:
+                raise first_error
+
+
+def _failed_choice(error: CaptureError) -> ParsedChoice:
+    return ParsedChoice(
+        index=0,
+        prompt_ids=None,
+        sampled_ids=None,
+        logprobs=None,
+        finish_reason=None,
+        stop_reason=None,
+        error=error,
+    )
+
+
+class StreamTee:
+    """Watches an SSE response pass by: decodes events, accumulates ids per choice, never buffers
+    what the caller reads. `end()` on a clean end of stream, `close()` when the caller closes."""
+
+    __slots__ = ("_core", "_decoder", "_done", "_error", "_parser", "_pending", "_status")
+
+    def __init__(self, core: CaptureCore, pending: PendingCall, status: int) -> None:
+        self._core = core
+        self._pending = pending
+        self._status = status
+        self._parser = ResponseParser(pending.info)
+        self._decoder = SSEDecoder()
+        self._done = False
+        self._error: CaptureError | None = None
+
+    def feed(self, data: bytes) -> None:
+        """Absorb one raw chunk. Raises only under `ErrorPolicy.RAISE`."""
+        if self._error is not None or self._pending.finished:
+            return
+        if self._pending.first_byte_at is None:
+            self._pending.first_byte_at = time.time()
+        try:
+            for payload in self._decoder.feed(data):
+                self._absorb(payload)
+        except CaptureError as exc:
+            self._fail(exc)
+            return
+        if self._done:
+            self._complete()
+
+    def _absorb(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self._done = True  # the server finished: record now, before the caller sees [DONE]
+            return
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedResponseError(f"SSE event is not valid JSON: {exc}") from exc
+        self._parser.feed_event(event)
+
+    def _fail(self, error: CaptureError) -> None:
+        self._error = error
+        self._core._record(
+            self._pending, self._parser, [_failed_choice(error)], self._status, stream=True
+        )
+
+    def end(self) -> None:
+        """The inner stream ended cleanly. Complete only if `[DONE]` arrived."""
+        if self._pending.finished:
+            return
+        try:
+            for payload in self._decoder.flush():
+                self._absorb(payload)
+        except CaptureError as exc:
+            self._fail(exc)
+            return
+        if not self._done:
+            self.close(reason="the stream ended without [DONE]")
+            return
+        self._complete()
+
+    def _complete(self) -> None:
+        if self._pending.finished:
+            return
+        choices = self._parser.finish_stream()
+        self._core._record(self._pending, self._parser, choices, self._status, stream=True)
+
+    def close(self, reason: str = "the caller closed the stream before it finished") -> None:
+        """The caller closed, cancelled or broke off the stream: record it as incomplete."""
+        if self._pending.finished:
+            return
+        choices = self._parser.finish_stream() or [_failed_choice(IncompleteCallError(reason))]
+        for choice in choices:
+            choice.sampled_ids = None
+        self._core._record(
+            self._pending,
+            self._parser,
+            choices,
+            self._status,
+            stream=True,
+            incomplete=IncompleteCallError(reason),
+        )

@@ -1,0 +1,458 @@
+"""vLLM wire parsing, the only place that knows the request and response shapes.
+
+Requests: decide whether a request is captured and add `return_token_ids` (and logprobs on demand)
+without overriding what the caller set. Responses: one `ResponseParser` takes either a whole JSON
+body or the decoded events of an SSE stream, keyed by choice index, and yields one `ParsedChoice`
+per choice with exact id arrays. Shapes: ../shared/reference/vllm-wire-format.md (vLLM 0.32; 0.10.2
+and later carry the same id fields).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tito_agents.calls import Endpoint, IdArray, LogprobArray
+from tito_agents.errors import (
+    CaptureError,
+    MalformedResponseError,
+    MissingTokenIdsError,
+    TokenCountMismatchError,
+)
+
+_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+_MAX_ID = 2**31 - 1
+
+_NO_IDS_FIX = (
+    "use vLLM >= 0.10.2 (it returns ids when a request carries return_token_ids), or do not mark "
+    "this host as vLLM if it is another server"
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Requests
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """What the capture layer needs to remember about a request it rewrote."""
+
+    endpoint: Endpoint
+    stream: bool
+    n: int
+    sampling: dict[str, Any]
+    wants_logprobs: bool
+    messages: list[dict[str, Any]] | None
+    tools: list[dict[str, Any]] | None
+    include_reasoning: bool = True
+
+
+def endpoint_for_path(path: str) -> Endpoint | None:
+    """The endpoint a POST path targets, or None when the path is not one we capture."""
+    path = path.rstrip("/")
+    if path.endswith("/chat/completions"):
+        return Endpoint.CHAT
+    if path.endswith("/completions"):
+        return Endpoint.COMPLETIONS
+    return None
+
+
+def prepare_request(
+    endpoint: Endpoint, body: bytes, *, capture_logprobs: bool
+) -> tuple[bytes | None, RequestInfo] | None:
+    """Inspect a JSON request body and add the vLLM fields capture needs.
+
+    Returns `(new_body, info)`; `new_body` is None when the body needs no change (the caller already
+    asked for ids). Returns None when the request is not captured: not a JSON object, or the caller
+    explicitly set `return_token_ids: false`.
+    """
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(payload, dict):
+        return None
+    changed = False
+    if "return_token_ids" not in payload:
+        payload["return_token_ids"] = True
+        changed = True
+    elif payload["return_token_ids"] is not True:
+        return None
+    if capture_logprobs:
+        if endpoint is Endpoint.CHAT and payload.get("logprobs") is None:
+            payload["logprobs"] = True
+            changed = True
+        elif endpoint is Endpoint.COMPLETIONS and payload.get("logprobs") is None:
+            payload["logprobs"] = 0
+            changed = True
+    wants_logprobs = bool(payload.get("logprobs")) or payload.get("logprobs") == 0
+    if endpoint is Endpoint.CHAT:
+        wants_logprobs = payload.get("logprobs") is True
+    messages = payload.get("messages") if endpoint is Endpoint.CHAT else None
+    info = RequestInfo(
+        endpoint=endpoint,
+        stream=bool(payload.get("stream")),
+        n=int(payload.get("n") or 1),
+        sampling={k: payload[k] for k in _SAMPLING_KEYS if k in payload},
+        wants_logprobs=wants_logprobs,
+        messages=messages if isinstance(messages, list) else None,
+        tools=payload.get("tools") if isinstance(payload.get("tools"), list) else None,
+        include_reasoning=payload.get("include_reasoning", True) is not False,
+    )
+    return (orjson.dumps(payload) if changed else None), info
+
+
+# --------------------------------------------------------------------------------------------------
+# Responses
+
+
+@dataclass(slots=True)
+class ParsedChoice:
+    """The exact ids of one choice, or the reason they cannot be trusted (`error`)."""
+
+    index: int
+    prompt_ids: IdArray | None
+    sampled_ids: IdArray | None
+    logprobs: LogprobArray | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+    routed_experts: str | None = None
+    error: CaptureError | None = None
+
+
+@dataclass(slots=True)
+class _ChoiceAccumulator:
+    """Per-choice state while a stream arrives: ids and logprobs grow as compact arrays."""
+
+    prompt_ids: IdArray | None = None
+    ids: array[int] = field(default_factory=lambda: array("i"))
+    logprobs: array[float] = field(default_factory=lambda: array("f"))
+    saw_ids: bool = False
+    saw_null_ids: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    error: CaptureError | None = None
+
+
+def to_ids(value: Any, what: str) -> IdArray:
+    """Convert a JSON id list to int32, rejecting anything that is not a non-negative integer."""
+    if not isinstance(value, list):
+        raise MalformedResponseError(f"{what} is {type(value).__name__}, expected a list of ints")
+    if not value:
+        return np.zeros(0, dtype=np.int32)
+    arr = np.array(value)
+    if arr.dtype.kind not in "iu" or arr.ndim != 1:
+        raise MalformedResponseError(f"{what} holds non-integer values")
+    if int(arr.min()) < 0 or int(arr.max()) > _MAX_ID:
+        raise MalformedResponseError(f"{what} holds ids outside [0, 2**31)")
+    return arr.astype(np.int32, copy=False)
+
+
+def _chat_logprobs(logprobs: Any, what: str) -> LogprobArray | None:
+    if logprobs is None:
+        return None
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if content is None:
+        return None
+    try:
+        return np.fromiter((e["logprob"] for e in content), dtype=np.float32, count=len(content))
+    except (TypeError, KeyError, ValueError) as exc:
+        raise MalformedResponseError(f"{what} logprobs are malformed: {exc}") from exc
+
+
+def _completion_logprobs(logprobs: Any, what: str) -> LogprobArray | None:
+    if logprobs is None:
+        return None
+    values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+    if values is None:
+        return None
+    try:
+        return np.array(values, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise MalformedResponseError(f"{what} logprobs are malformed: {exc}") from exc
+
+
+def _missing_ids_error(info: RequestInfo, has_prompt: bool, index: int) -> MissingTokenIdsError:
+    if has_prompt and not info.include_reasoning:
+        return MissingTokenIdsError(
+            f"choice {index}: vLLM returned prompt ids but null token_ids because the request set "
+            "include_reasoning=false while the server runs a tool or reasoning parser (vLLM 0.32).",
+            fix="do not send include_reasoning=false to a vLLM server used for RL rollouts",
+        )
+    if has_prompt:
+        return MissingTokenIdsError(
+            f"choice {index}: the response has prompt_token_ids but no token_ids.",
+            fix=_NO_IDS_FIX,
+        )
+    return MissingTokenIdsError(
+        f"choice {index}: the response has no prompt_token_ids/token_ids although "
+        "return_token_ids was sent; the server ignored it.",
+        fix=_NO_IDS_FIX,
+    )
+
+
+def _check_logprobs(choice: ParsedChoice, info: RequestInfo) -> None:
+    """Logprobs, when requested, must cover every sampled id exactly once."""
+    if choice.error is not None or choice.sampled_ids is None:
+        return
+    if choice.logprobs is None:
+        if info.wants_logprobs and choice.sampled_ids.shape[0] > 0:
+            choice.error = TokenCountMismatchError(
+                f"choice {choice.index}: logprobs were requested but the response has none."
+            )
+        return
+    if choice.logprobs.shape[0] != choice.sampled_ids.shape[0]:
+        choice.error = TokenCountMismatchError(
+            f"choice {choice.index}: {choice.logprobs.shape[0]} logprobs for "
+            f"{choice.sampled_ids.shape[0]} sampled ids."
+        )
+
+
+class ResponseParser:
+    """Turns one response (a JSON body, or the events of an SSE stream) into `ParsedChoice`s.
+
+    The same object serves both shapes, so chat, completions, stream and non-stream share one set of
+    rules: ids by `choices[i].index`, prompt ids top-level (chat) or per choice (completions), delta
+    ids concatenated per index, usage checked when present.
+    """
+
+    def __init__(self, info: RequestInfo) -> None:
+        self.info = info
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.usage_completion_tokens: int | None = None
+        self.done = False
+        self._choices: dict[int, _ChoiceAccumulator] = {}
+        self._body_choices: list[ParsedChoice] | None = None
+        self._top_prompt_ids: IdArray | None = None
+
+    # ---- non-streaming ----
+
+    def parse_body(self, body: bytes) -> list[ParsedChoice]:
+        """Parse a complete JSON response body."""
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedResponseError(f"response body is not valid JSON: {exc}") from exc
+        if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
+            raise MalformedResponseError("response body has no choices list")
+        self.response_id = payload.get("id")
+        self.model = payload.get("model")
+        chat = self.info.endpoint is Endpoint.CHAT
+        top_prompt: IdArray | None = None
+        top_raw = payload.get("prompt_token_ids")
+        if chat and top_raw is not None:
+            top_prompt = to_ids(top_raw, "prompt_token_ids")
+        parsed: list[ParsedChoice] = []
+        for raw in payload["choices"]:
+            parsed.append(self._parse_body_choice(raw, top_prompt))
+        usage = payload.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self.usage_completion_tokens = usage["completion_tokens"]
+            self._check_usage(parsed)
+        self.done = True
+        return parsed
+
+    def _parse_body_choice(self, raw: Any, top_prompt: IdArray | None) -> ParsedChoice:
+        if not isinstance(raw, dict):
+            raise MalformedResponseError("a choice is not an object")
+        index = raw.get("index", 0)
+        choice = ParsedChoice(
+            index=index,
+            prompt_ids=None,
+            sampled_ids=None,
+            logprobs=None,
+            finish_reason=raw.get("finish_reason"),
+            stop_reason=raw.get("stop_reason"),
+            routed_experts=raw.get("routed_experts"),
+        )
+        try:
+            chat = self.info.endpoint is Endpoint.CHAT
+            if chat:
+                choice.prompt_ids = top_prompt
+            elif raw.get("prompt_token_ids") is not None:
+                choice.prompt_ids = to_ids(raw["prompt_token_ids"], "prompt_token_ids")
+            if raw.get("token_ids") is not None:
+                choice.sampled_ids = to_ids(raw["token_ids"], "token_ids")
+            if choice.prompt_ids is None or choice.sampled_ids is None:
+                choice.error = _missing_ids_error(self.info, choice.prompt_ids is not None, index)
+                return choice
+            what = f"choice {index}"
+            lp = raw.get("logprobs")
+            choice.logprobs = _chat_logprobs(lp, what) if chat else _completion_logprobs(lp, what)
+            _check_logprobs(choice, self.info)
+        except CaptureError as exc:
+            choice.error = exc
+        return choice
+
+    # ---- streaming ----
+
+    def feed_event(self, event: Any) -> None:
+        """Absorb one decoded SSE data payload (a dict)."""
+        if not isinstance(event, dict):
+            raise MalformedResponseError("SSE event is not a JSON object")
+        if self.response_id is None:
+            self.response_id = event.get("id")
+            self.model = event.get("model")
+        if "error" in event and "choices" not in event:
+            raise MalformedResponseError(f"stream carried an error event: {event['error']}")
+        usage = event.get("usage")
+        choices = event.get("choices")
+        if not choices:
+            if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                self.usage_completion_tokens = usage["completion_tokens"]
+            return
+        chat = self.info.endpoint is Endpoint.CHAT
+        for raw in choices:
+            index = raw.get("index", 0)
+            acc = self._choices.get(index)
+            if acc is None:
+                acc = self._choices[index] = _ChoiceAccumulator()
+            if acc.error is not None:
+                continue
+            try:
+                self._feed_choice(acc, raw, event if chat else raw, chat)
+            except CaptureError as exc:
+                acc.error = exc
+            except (TypeError, KeyError, ValueError, AttributeError) as exc:
+                acc.error = MalformedResponseError(f"choice {index}: malformed stream chunk: {exc}")
+
+    def _feed_choice(
+        self, acc: _ChoiceAccumulator, raw: dict[str, Any], prompt_holder: Any, chat: bool
+    ) -> None:
+        prompt_raw = prompt_holder.get("prompt_token_ids")
+        if prompt_raw is not None and acc.prompt_ids is None:
+            acc.prompt_ids = to_ids(prompt_raw, "prompt_token_ids")
+        if "token_ids" in raw:
+            ids = raw["token_ids"]
+            if ids is None:
+                acc.saw_null_ids = True
+            else:
+                if not isinstance(ids, list) or not all(
+                    type(t) is int and 0 <= t <= _MAX_ID for t in ids
+                ):
+                    raise MalformedResponseError("streamed token_ids hold non-integer values")
+                acc.ids.extend(ids)
+                acc.saw_ids = True
+                lp = raw.get("logprobs")
+                if lp is not None:
+                    if chat:
+                        content = lp.get("content") if isinstance(lp, dict) else None
+                        if content:
+                            acc.logprobs.extend(e["logprob"] for e in content)
+                    else:
+                        values = lp.get("token_logprobs") if isinstance(lp, dict) else None
+                        if values:
+                            acc.logprobs.extend(values)
+        if raw.get("finish_reason") is not None:
+            acc.finish_reason = raw["finish_reason"]
+            acc.stop_reason = raw.get("stop_reason")
+
+    def finish_stream(self) -> list[ParsedChoice]:
+        """The choices of a stream that ended with `[DONE]` (or cleanly without it)."""
+        parsed: list[ParsedChoice] = []
+        for index in sorted(self._choices):
+            acc = self._choices[index]
+            choice = ParsedChoice(
+                index=index,
+                prompt_ids=acc.prompt_ids,
+                sampled_ids=None,
+                logprobs=None,
+                finish_reason=acc.finish_reason,
+                stop_reason=acc.stop_reason,
+                error=acc.error,
+            )
+            if choice.error is None:
+                if acc.prompt_ids is None or not acc.saw_ids or acc.saw_null_ids:
+                    choice.error = _missing_ids_error(self.info, acc.prompt_ids is not None, index)
+                else:
+                    choice.sampled_ids = np.frombuffer(acc.ids, dtype=np.int32)
+                    if acc.logprobs:
+                        choice.logprobs = np.frombuffer(acc.logprobs, dtype=np.float32)
+                    _check_logprobs(choice, self.info)
+            parsed.append(choice)
+        self._check_usage(parsed)
+        return parsed
+
+    def _check_usage(self, parsed: list[ParsedChoice]) -> None:
+        """`usage.completion_tokens` counts every sampled id over all choices (EOS included)."""
+        expected = self.usage_completion_tokens
+        if expected is None or any(c.sampled_ids is None for c in parsed):
+            return
+        got = sum(int(c.sampled_ids.shape[0]) for c in parsed if c.sampled_ids is not None)
+        if got != expected:
+            for c in parsed:
+                if c.error is None:
+                    c.error = TokenCountMismatchError(
+                        f"choice {c.index}: {got} token ids over all choices but "
+                        f"usage.completion_tokens is {expected} (ids were lost in the stream; "
+                        "vLLM < 0.13 drops chunks swallowed by tool/reasoning parsers).",
+                        fix="use vLLM >= 0.13 for streaming with parsers, or call without stream",
+                    )
+
+
+class SSEDecoder:
+    """Incremental Server-Sent Events decoder: bytes in, `data:` payloads out.
+
+    Tolerates CRLF, comment lines and `event:` lines; `[DONE]` is reported as the string "[DONE]".
+    """
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add bytes; return the data payloads of every event completed by them."""
+        buffer = self._buffer + data if self._buffer else data
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        out: list[bytes] = []
+        start = 0
+        while True:
+            end = buffer.find(b"\n\n", start)
+            if end == -1:
+                break
+            payload = _event_data(buffer[start:end])
+            if payload is not None:
+                out.append(payload)
+            start = end + 2
+        self._buffer = buffer[start:]
+        return out
+
+    def flush(self) -> list[bytes]:
+        """Payload of a final event that was not followed by a blank line."""
+        rest, self._buffer = self._buffer.strip(), b""
+        payload = _event_data(rest) if rest else None
+        return [payload] if payload is not None else []
+
+
+def _event_data(event: bytes) -> bytes | None:
+    if event.startswith(b"data:") and b"\n" not in event:
+        return event[6:] if event[5:6] == b" " else event[5:]
+    lines = [
+        (line[6:] if line[5:6] == b" " else line[5:])
+        for line in event.split(b"\n")
+        if line.startswith(b"data:")
+    ]
+    return b"\n".join(lines) if lines else None

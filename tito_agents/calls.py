@@ -1,0 +1,94 @@
+"""Captured calls: what one choice of one vLLM response produced, with the ids the engine sampled.
+
+A `Call` is the unit the capture layer records and the assembler consumes. Token arrays are numpy
+(int32 ids, float32 logprobs), never Python int lists, so a long call costs about 8 bytes per token.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tito_agents.errors import CaptureError
+
+IdArray = npt.NDArray[np.int32]
+LogprobArray = npt.NDArray[np.float32]
+
+EMPTY_IDS: IdArray = np.zeros(0, dtype=np.int32)
+
+
+class CallStatus(enum.Enum):
+    """Whether a call can become a sample."""
+
+    COMPLETE = "complete"
+    """The response finished and its ids are exact: it becomes a sample."""
+    INCOMPLETE = "incomplete"
+    """The stream was abandoned, cancelled or cut: never a sample."""
+    UNUSABLE = "unusable"
+    """The response lacks exact ids (missing, mismatched, malformed): never a sample."""
+
+
+class Endpoint(enum.Enum):
+    """The OpenAI-compatible endpoint a call went to."""
+
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+
+
+@dataclass(slots=True)
+class Call:
+    """One choice of one captured response.
+
+    `n>1` requests produce n calls that share `prompt_ids` (the same array object) and `request_id`.
+    `call_id` is `"<response id>/<choice index>"`: stable across re-deliveries and unique per choice.
+    """
+
+    call_id: str
+    request_id: str
+    endpoint: Endpoint
+    choice_index: int
+    status: CallStatus
+    prompt_ids: IdArray
+    sampled_ids: IdArray
+    logprobs: LogprobArray | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+    model: str | None
+    http_status: int
+    stream: bool
+    started_at: float
+    ended_at: float
+    sampling: dict[str, Any] = field(default_factory=dict)
+    routed_experts: str | None = None
+    error: CaptureError | None = None
+    episode_id: str | None = None
+    agent: str | None = None
+    labels: dict[str, Any] = field(default_factory=dict)
+    seq: int = 0
+    """Order of the request within its episode (assigned when the request is sent)."""
+    reward: float | None = None
+    policy_version: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    """The chat messages of the request, kept in memory (not persisted) for drift checks."""
+    tools: list[dict[str, Any]] | None = None
+
+    @property
+    def num_sampled(self) -> int:
+        """How many tokens the engine sampled for this choice (EOS and stop tokens included)."""
+        return int(self.sampled_ids.shape[0])
+
+    @property
+    def token_ids(self) -> IdArray:
+        """Prompt ids followed by the sampled ids."""
+        return np.concatenate((self.prompt_ids, self.sampled_ids))
+
+    def __repr__(self) -> str:
+        return (
+            f"Call({self.call_id!r}, status={self.status.value}, agent={self.agent!r}, "
+            f"prompt={self.prompt_ids.shape[0]}, sampled={self.sampled_ids.shape[0]}, "
+            f"finish={self.finish_reason!r})"
+        )

@@ -1,0 +1,276 @@
+"""The collector: the one object a user configures. It wraps clients, opens episodes, assembles
+samples when episodes end and hands them to the sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from os import PathLike
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from tito_agents import _transport
+from tito_agents._capture import CaptureCore, ErrorPolicy, OutsideEpisode
+from tito_agents.assembly import per_call_samples
+from tito_agents.calls import Call, CallStatus
+from tito_agents.episodes import Episode
+from tito_agents.errors import ConfigurationError, EpisodeCaptureError
+from tito_agents.samples import Sample
+from tito_agents.sinks import JsonlSink, Sink
+
+logger = logging.getLogger("tito_agents")
+
+ClientT = TypeVar("ClientT")
+
+DEFAULT_EPISODE_ID = "default"
+_OPENAI_HOSTS = frozenset({"api.openai.com"})
+
+
+@dataclass(slots=True)
+class CaptureStats:
+    """Counters over the collector's lifetime (read them; do not write them)."""
+
+    requests: int = 0
+    """Captured requests sent (each retry attempt counts)."""
+    failed_attempts: int = 0
+    """Attempts that got no 2xx response (the SDK may have retried them): never calls."""
+    skipped_requests: int = 0
+    """Requests to vLLM hosts not captured (non-JSON body, or the caller set return_token_ids=false)."""
+    complete_calls: int = 0
+    unusable_calls: int = 0
+    incomplete_calls: int = 0
+    duplicate_calls: int = 0
+    late_calls: int = 0
+    """Calls that completed after their episode had ended: never samples."""
+    episodes: int = 0
+    failed_episodes: int = 0
+    samples: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Collector:
+    """Captures calls to vLLM, scopes them to episodes, writes samples to a sink.
+
+    sink: a `Sink`, or a path for the default JSON Lines sink; None keeps samples in memory
+        (`collector.sink.samples`).
+    capture_logprobs: ask vLLM for the logprob of each sampled token unless the caller set it.
+    errors: what a capture problem does (`ErrorPolicy`; "episode" by default).
+    outside_episode: what a call outside any episode does (`OutsideEpisode`; "default").
+    keep_messages: keep each request's chat messages on its `Call` (memory only, never persisted).
+    """
+
+    def __init__(
+        self,
+        sink: Sink | str | PathLike[str] | None = None,
+        *,
+        capture_logprobs: bool = True,
+        errors: ErrorPolicy | str = ErrorPolicy.EPISODE,
+        outside_episode: OutsideEpisode | str = OutsideEpisode.DEFAULT,
+        keep_messages: bool = True,
+        policy_version: str | None = None,
+    ) -> None:
+        if sink is None:
+            from tito_agents.sinks import MemorySink
+
+            sink = MemorySink()
+        elif not isinstance(sink, Sink):
+            sink = JsonlSink(sink)
+        self.sink: Sink = sink
+        self.capture_logprobs = capture_logprobs
+        self.error_policy = ErrorPolicy(errors)
+        self.outside_episode = OutsideEpisode(outside_episode)
+        self.keep_messages = keep_messages
+        self.policy_version = policy_version
+        self.stats = CaptureStats()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.default_episode = Episode(self, DEFAULT_EPISODE_ID)
+
+    # ---- set-up ----
+
+    def wrap(self, client: ClientT, *, vllm_hosts: Iterable[str] | None = None) -> ClientT:
+        """Capture every call of an existing `openai.OpenAI` / `AsyncOpenAI` client (in place).
+
+        `vllm_hosts` lists the hosts ("host" or "host:port") that run vLLM; by default the host of
+        the client's `base_url`. Only those hosts get vLLM-only fields; the official OpenAI API is
+        never marked. Returns the same client for one-line use.
+        """
+        http_client = getattr(client, "_client", None)
+        base_url = getattr(client, "base_url", None)
+        if http_client is None or base_url is None:
+            raise ConfigurationError(
+                f"wrap() expects an openai.OpenAI or openai.AsyncOpenAI client, got "
+                f"{type(client).__name__}"
+            )
+        hosts = self._hosts(vllm_hosts, str(base_url))
+        _transport.install(http_client, CaptureCore(self, hosts))
+        return client
+
+    def http_client(
+        self, vllm_hosts: Iterable[str], *, asynchronous: bool = True, **kwargs: Any
+    ) -> Any:
+        """A new httpx client (the library the installed openai uses) that captures calls to
+        `vllm_hosts`; for frameworks that accept an `http_client` / `http_async_client`."""
+        import openai
+
+        cls = openai.DefaultAsyncHttpxClient if asynchronous else openai.DefaultHttpxClient
+        client = cls(**kwargs)
+        _transport.install(client, CaptureCore(self, self._hosts(vllm_hosts, None)))
+        return client
+
+    @staticmethod
+    def _hosts(vllm_hosts: Iterable[str] | None, base_url: str | None) -> frozenset[str]:
+        if vllm_hosts is None:
+            if base_url is None:
+                raise ConfigurationError("vllm_hosts is required")
+            parts = urlsplit(base_url)
+            host = parts.hostname or ""
+            hosts = {host} if parts.port is None else {f"{host}:{parts.port}"}
+        else:
+            hosts = {h.strip().lower() for h in vllm_hosts if h.strip()}
+        refused = {h for h in hosts if h.split(":")[0] in _OPENAI_HOSTS}
+        if refused:
+            raise ConfigurationError(
+                f"{sorted(refused)} is the official OpenAI API, which rejects vLLM-only fields and "
+                "returns no token ids; point the client at your vLLM server"
+            )
+        if not hosts:
+            raise ConfigurationError("no vLLM host to capture")
+        return frozenset(hosts)
+
+    # ---- episodes ----
+
+    def episode(
+        self,
+        episode_id: str | None = None,
+        *,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        agent: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Episode:
+        """A context manager (`with` or `async with`) scoping the calls of one rollout."""
+        if self._closed:
+            raise ConfigurationError("the collector is closed")
+        return Episode(
+            self, episode_id, task_id=task_id, group_id=group_id, agent=agent, metadata=metadata
+        )
+
+    def assemble(self, episode: Episode, calls: list[Call]) -> list[Sample]:
+        """The samples of an ended episode (per-call mode)."""
+        metadata = dict(episode.metadata) if episode.metadata else None
+        return per_call_samples(
+            calls,
+            episode_id=episode.episode_id,
+            episode_reward=episode.reward,
+            task_id=episode.task_id,
+            group_id=episode.group_id,
+            metadata=metadata,
+        )
+
+    def _end(self, episode: Episode, failed: bool) -> list[Sample]:
+        calls = episode.close_calls()
+        with self._lock:
+            self.stats.episodes += 1
+            if failed:
+                self.stats.failed_episodes += 1
+        if failed:
+            return []
+        samples = self.assemble(episode, calls)
+        self._count_samples(episode, samples)
+        return samples
+
+    def _count_samples(self, episode: Episode, samples: list[Sample]) -> None:
+        tokens = sum(s.num_tokens for s in samples)
+        trained = sum(s.num_trained for s in samples)
+        report = episode.report
+        report.samples += len(samples)
+        report.tokens += tokens
+        report.trained_tokens += trained
+        with self._lock:
+            self.stats.samples += len(samples)
+            self.stats.tokens += tokens
+            self.stats.trained_tokens += trained
+
+    def _raise_errors(self, episode: Episode, failed: bool) -> None:
+        if failed or not episode.errors or self.error_policy is not ErrorPolicy.EPISODE:
+            return
+        raise EpisodeCaptureError(episode.episode_id, list(episode.errors))
+
+    def finish_episode(self, episode: Episode, *, failed: bool) -> None:
+        """Called by `Episode.__exit__`: write the samples, then raise capture errors if any."""
+        samples = self._end(episode, failed)
+        if samples:
+            self.sink.write(samples)
+        self._raise_errors(episode, failed)
+
+    async def afinish_episode(self, episode: Episode, *, failed: bool) -> None:
+        """Async twin of `finish_episode`."""
+        samples = self._end(episode, failed)
+        if samples:
+            await self.sink.awrite(samples)
+        self._raise_errors(episode, failed)
+
+    # ---- called by the capture core ----
+
+    def on_calls_recorded(self, episode: Episode, calls: list[Call], added: int) -> None:
+        """Count recorded calls; calls outside any episode become samples right away."""
+        with self._lock:
+            stats = self.stats
+            if added == 0 and episode.closed:
+                stats.late_calls += len(calls)
+                return
+            stats.duplicate_calls += len(calls) - added
+            for call in calls:
+                if call.status is CallStatus.COMPLETE:
+                    stats.complete_calls += 1
+                elif call.status is CallStatus.UNUSABLE:
+                    stats.unusable_calls += 1
+                else:
+                    stats.incomplete_calls += 1
+        if episode is self.default_episode and added:
+            samples = self.assemble(episode, calls)
+            if samples:
+                self._count_samples(episode, samples)
+                self.sink.write(samples)
+            with episode._lock:  # the default episode keeps no history: memory stays bounded
+                episode.calls.clear()
+                episode.errors.clear()
+                episode._call_ids.clear()
+
+    # ---- lifetime ----
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def close(self) -> None:
+        """Flush and close the sink. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.sink.close()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.sink.aclose()
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Collector:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

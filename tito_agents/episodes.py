@@ -1,0 +1,255 @@
+"""Episodes: attributing every captured call to the rollout, task, group and agent that made it.
+
+Attribution is carried by contextvars, read by the transport when a request is sent. asyncio tasks
+copy the context when they are created, so 1,000 concurrent episodes in one loop never mix calls.
+Raw threads do not copy it: `bind(fn)` and `ContextThreadPoolExecutor` carry it across.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from tito_agents.calls import Call, CallStatus
+from tito_agents.errors import CaptureError
+from tito_agents.samples import finite_or_none
+
+if TYPE_CHECKING:
+    from tito_agents.collector import Collector
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_CURRENT_EPISODE: contextvars.ContextVar[Episode | None] = contextvars.ContextVar(
+    "tito_episode", default=None
+)
+_CURRENT_AGENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tito_agent", default=None
+)
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_CURRENT_LABELS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "tito_labels", default=_EMPTY
+)
+
+
+def current_episode() -> Episode | None:
+    """The episode the calling code runs in, or None."""
+    return _CURRENT_EPISODE.get()
+
+
+def current_agent() -> str | None:
+    """The agent label set by `agent(...)` (or an integration) in the calling context."""
+    return _CURRENT_AGENT.get()
+
+
+def current_labels() -> Mapping[str, Any]:
+    """Extra labels (run ids, graph nodes, ...) set in the calling context."""
+    return _CURRENT_LABELS.get()
+
+
+@contextlib.contextmanager
+def agent(name: str | None) -> Iterator[None]:
+    """Label every call made inside the block with agent `name` (nests; the innermost wins)."""
+    token = _CURRENT_AGENT.set(name)
+    try:
+        yield
+    finally:
+        _CURRENT_AGENT.reset(token)
+
+
+@contextlib.contextmanager
+def labels(**values: Any) -> Iterator[None]:
+    """Add labels to every call made inside the block (merged over the enclosing labels)."""
+    merged = MappingProxyType({**_CURRENT_LABELS.get(), **values})
+    token = _CURRENT_LABELS.set(merged)
+    try:
+        yield
+    finally:
+        _CURRENT_LABELS.reset(token)
+
+
+def bind(fn: Callable[P, R]) -> Callable[P, R]:
+    """Wrap `fn` so it runs in a copy of the current context (episode, agent, labels), wherever
+    it is called: a raw thread, `loop.run_in_executor`, a `ThreadPoolExecutor`."""
+    snapshot = contextvars.copy_context()
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return snapshot.copy().run(fn, *args, **kwargs)
+
+    return run
+
+
+class ContextThreadPoolExecutor(ThreadPoolExecutor):
+    """A ThreadPoolExecutor whose tasks run in the context of the code that submitted them."""
+
+    def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
+
+
+@dataclass(slots=True)
+class EpisodeReport:
+    """What happened in an episode, for logs and for the user's own accounting."""
+
+    episode_id: str
+    calls: int = 0
+    complete: int = 0
+    incomplete: int = 0
+    unusable: int = 0
+    samples: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Episode:
+    """One rollout: a context manager (sync and async) that scopes captured calls.
+
+    On exit the episode's complete calls become samples and go to the collector's sink. If some calls
+    could not be captured exactly, the exit raises `EpisodeCaptureError` after writing the good ones
+    (policy `ErrorPolicy.EPISODE`, the default). If the body raised, no samples are written: a
+    rollout that crashed has no trustworthy reward; its calls stay readable on `calls`.
+    """
+
+    def __init__(
+        self,
+        collector: Collector,
+        episode_id: str | None = None,
+        *,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        agent: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.collector = collector
+        self.episode_id = episode_id or uuid.uuid4().hex
+        self.task_id = task_id
+        self.group_id = group_id
+        self.agent = agent
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.reward: float | None = None
+        self.calls: list[Call] = []
+        self.errors: list[CaptureError] = []
+        self.report = EpisodeReport(self.episode_id)
+        self.closed = False
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._call_ids: set[str] = set()
+        self._inflight = 0
+        self._token: contextvars.Token[Episode | None] | None = None
+
+    # ---- rewards ----
+
+    def set_reward(self, reward: float | None) -> None:
+        """The episode's final reward (finite), given to every sample without a reward of its own."""
+        self.reward = finite_or_none(reward)
+
+    def set_call_reward(self, target: Call | str | Any, reward: float | None) -> None:
+        """A reward for one call: `target` is a `Call`, a call id, a response id (every choice of
+        that response), or a response object with an `id` attribute."""
+        value = finite_or_none(reward)
+        if isinstance(target, Call):
+            target.reward = value
+            return
+        key = target if isinstance(target, str) else getattr(target, "id", None)
+        if not isinstance(key, str):
+            raise TypeError("target must be a Call, a call id, a response id or a response object")
+        matched = [c for c in self.calls if c.call_id == key or c.request_id == key]
+        if not matched:
+            raise KeyError(f"no captured call {key!r} in episode {self.episode_id!r}")
+        for call in matched:
+            call.reward = value
+
+    @property
+    def last_call(self) -> Call | None:
+        """The most recently requested captured call (by request order)."""
+        with self._lock:
+            return max(self.calls, key=lambda c: (c.seq, c.choice_index), default=None)
+
+    # ---- called by the capture layer ----
+
+    def next_seq(self) -> int:
+        with self._lock:
+            self._inflight += 1
+        return next(self._seq)
+
+    def call_ended(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+
+    def add_calls(self, calls: list[Call]) -> int:
+        """Record calls; a call id already seen (a re-delivered response) is dropped. Returns how
+        many were added; 0 when the episode has already ended (a late call is never a sample)."""
+        added = 0
+        with self._lock:
+            if self.closed:
+                return 0
+            for call in calls:
+                if call.call_id in self._call_ids:
+                    continue
+                self._call_ids.add(call.call_id)
+                self.calls.append(call)
+                if call.status is CallStatus.UNUSABLE and call.error is not None:
+                    self.errors.append(call.error)
+                added += 1
+        return added
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    # ---- scope ----
+
+    def __enter__(self) -> Episode:
+        self._token = _CURRENT_EPISODE.set(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._reset()
+        self.collector.finish_episode(self, failed=exc is not None)
+
+    async def __aenter__(self) -> Episode:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._reset()
+        await self.collector.afinish_episode(self, failed=exc is not None)
+
+    def _reset(self) -> None:
+        if self._token is not None:
+            _CURRENT_EPISODE.reset(self._token)
+            self._token = None
+
+    def close_calls(self) -> list[Call]:
+        """Freeze the episode: later calls are not added. Returns the calls, counted in the report."""
+        with self._lock:
+            self.closed = True
+            calls = list(self.calls)
+            report = self.report
+            report.calls = len(calls)
+            report.complete = sum(c.status is CallStatus.COMPLETE for c in calls)
+            report.unusable = sum(c.status is CallStatus.UNUSABLE for c in calls)
+            report.incomplete = sum(c.status is CallStatus.INCOMPLETE for c in calls)
+            report.incomplete += self._inflight
+            report.errors = [str(e) for e in self.errors]
+        return calls
+
+    def __repr__(self) -> str:
+        return f"Episode({self.episode_id!r}, calls={len(self.calls)}, reward={self.reward})"

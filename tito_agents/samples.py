@@ -1,0 +1,184 @@
+"""Trainer-ready samples: token ids, loss mask, rollout logprobs and reward, with their provenance.
+
+One `Sample` holds one call (per-call mode) or several calls of one agent merged into one sequence
+(merged mode); `spans` says where each call's sampled tokens sit. Arrays are unshifted: position t
+holds token t, its loss bit and the logprob the engine gave token t when it sampled it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tito_agents.calls import IdArray, LogprobArray
+from tito_agents.errors import SampleFormatError
+
+MaskArray = npt.NDArray[np.uint8]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class CallSpan:
+    """Where one captured call sits inside a sample.
+
+    `context_start:start` are the tokens this call added as context (prompt delta, loss 0);
+    `start:end` are the tokens it sampled (loss 1). Per-call samples have `context_start == 0`.
+    """
+
+    call_id: str
+    context_start: int
+    start: int
+    end: int
+    finish_reason: str | None = None
+    reward: float | None = None
+    policy_version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "context_start": self.context_start,
+            "start": self.start,
+            "end": self.end,
+            "finish_reason": self.finish_reason,
+            "reward": self.reward,
+            "policy_version": self.policy_version,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CallSpan:
+        return cls(
+            call_id=str(data["call_id"]),
+            context_start=int(data["context_start"]),
+            start=int(data["start"]),
+            end=int(data["end"]),
+            finish_reason=data.get("finish_reason"),
+            reward=data.get("reward"),
+            policy_version=data.get("policy_version"),
+        )
+
+
+@dataclass(slots=True)
+class Sample:
+    """One training sequence. Field names are part of the public schema (README, "Sample schema")."""
+
+    sample_id: str
+    episode_id: str
+    agent: str | None
+    token_ids: IdArray
+    loss_mask: MaskArray
+    logprobs: LogprobArray | None
+    """Rollout logprob on sampled tokens, 0.0 elsewhere; None when logprobs were not captured."""
+    reward: float | None
+    call_ids: list[str]
+    spans: list[CallSpan]
+    task_id: str | None = None
+    group_id: str | None = None
+    model: str | None = None
+    start_reason: str = "call"
+    end_reason: str = "call"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_trained(self) -> int:
+        """How many positions carry loss 1 (tokens the engine sampled)."""
+        return int(self.loss_mask.sum())
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping (numpy arrays stay arrays; orjson serializes them natively)."""
+        return {
+            "schema": SCHEMA_VERSION,
+            "sample_id": self.sample_id,
+            "episode_id": self.episode_id,
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "agent": self.agent,
+            "model": self.model,
+            "reward": self.reward,
+            "token_ids": self.token_ids,
+            "loss_mask": self.loss_mask,
+            "logprobs": self.logprobs,
+            "call_ids": self.call_ids,
+            "spans": [s.to_dict() for s in self.spans],
+            "start_reason": self.start_reason,
+            "end_reason": self.end_reason,
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Sample:
+        """Validate and build a sample from its JSON mapping; `SampleFormatError` on anything wrong."""
+        if not isinstance(data, dict):
+            raise SampleFormatError("a sample must be a JSON object")
+        try:
+            token_ids = np.asarray(data["token_ids"], dtype=np.int32)
+            loss_mask = np.asarray(data["loss_mask"], dtype=np.uint8)
+            raw_lp = data.get("logprobs")
+            logprobs = None if raw_lp is None else np.asarray(raw_lp, dtype=np.float32)
+            sample = cls(
+                sample_id=str(data["sample_id"]),
+                episode_id=str(data["episode_id"]),
+                agent=data.get("agent"),
+                token_ids=token_ids,
+                loss_mask=loss_mask,
+                logprobs=logprobs,
+                reward=data.get("reward"),
+                call_ids=[str(c) for c in data["call_ids"]],
+                spans=[CallSpan.from_dict(s) for s in data.get("spans", [])],
+                task_id=data.get("task_id"),
+                group_id=data.get("group_id"),
+                model=data.get("model"),
+                start_reason=str(data.get("start_reason", "call")),
+                end_reason=str(data.get("end_reason", "call")),
+                metadata=dict(data.get("metadata") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SampleFormatError(f"not a valid sample: {exc!r}") from exc
+        sample.validate()
+        return sample
+
+    def validate(self) -> None:
+        """Check the invariants every sample keeps; `SampleFormatError` names the first broken one."""
+        n = self.token_ids.shape[0]
+        if self.token_ids.ndim != 1 or self.loss_mask.shape != (n,):
+            raise SampleFormatError(f"sample {self.sample_id}: loss_mask length != token_ids length")
+        if self.logprobs is not None and self.logprobs.shape != (n,):
+            raise SampleFormatError(f"sample {self.sample_id}: logprobs length != token_ids length")
+        if n and (int(self.loss_mask.max()) > 1):
+            raise SampleFormatError(f"sample {self.sample_id}: loss_mask holds values other than 0/1")
+        if self.reward is not None and not isinstance(self.reward, int | float):
+            raise SampleFormatError(f"sample {self.sample_id}: reward is not a number")
+        for span in self.spans:
+            if not 0 <= span.context_start <= span.start <= span.end <= n:
+                raise SampleFormatError(f"sample {self.sample_id}: span {span.call_id} out of range")
+
+
+def sample_id_for(episode_id: str, call_ids: list[str], salt: str = "") -> str:
+    """A deterministic id: the same calls of the same episode always give the same sample id."""
+    digest = hashlib.blake2b(digest_size=12)
+    digest.update(episode_id.encode())
+    for call_id in call_ids:
+        digest.update(b"\x00")
+        digest.update(call_id.encode())
+    if salt:
+        digest.update(b"\x01" + salt.encode())
+    return digest.hexdigest()
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """Rewards must be finite numbers; NaN/inf are refused early rather than trained on."""
+    if value is None:
+        return None
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"reward must be finite, got {value}")
+    return value

@@ -25,7 +25,7 @@ class Capture:
 
     @property
     def is_stream(self) -> bool:
-        return self.body.startswith(b"data:") or self.body.startswith(b"event:")
+        return self.body.startswith((b"data:", b"event:", b":"))
 
     def events(self) -> list[bytes]:
         """The SSE events of a streaming capture, each with its blank-line terminator."""

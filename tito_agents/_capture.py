@@ -217,9 +217,9 @@ class CaptureCore:
             )
         added = episode.add_calls(calls)
         collector.on_calls_recorded(episode, calls, added)
-        if first_error is not None and incomplete is None:
-            if collector.error_policy is ErrorPolicy.RAISE:
-                raise first_error
+        raise_now = collector.error_policy is ErrorPolicy.RAISE and incomplete is None
+        if first_error is not None and raise_now:
+            raise first_error
 
 
 def _failed_choice(error: CaptureError) -> ParsedChoice:

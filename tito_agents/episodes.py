@@ -91,7 +91,12 @@ class ContextThreadPoolExecutor(ThreadPoolExecutor):
     """A ThreadPoolExecutor whose tasks run in the context of the code that submitted them."""
 
     def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
-        return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
+        context = contextvars.copy_context()
+
+        def run() -> R:
+            return context.run(fn, *args, **kwargs)
+
+        return super().submit(run)
 
 
 @dataclass(slots=True)

@@ -150,16 +150,22 @@ class Sample:
         """Check the invariants every sample keeps; `SampleFormatError` names the first broken one."""
         n = self.token_ids.shape[0]
         if self.token_ids.ndim != 1 or self.loss_mask.shape != (n,):
-            raise SampleFormatError(f"sample {self.sample_id}: loss_mask length != token_ids length")
+            raise SampleFormatError(
+                f"sample {self.sample_id}: loss_mask length != token_ids length"
+            )
         if self.logprobs is not None and self.logprobs.shape != (n,):
             raise SampleFormatError(f"sample {self.sample_id}: logprobs length != token_ids length")
         if n and (int(self.loss_mask.max()) > 1):
-            raise SampleFormatError(f"sample {self.sample_id}: loss_mask holds values other than 0/1")
+            raise SampleFormatError(
+                f"sample {self.sample_id}: loss_mask holds values other than 0/1"
+            )
         if self.reward is not None and not isinstance(self.reward, int | float):
             raise SampleFormatError(f"sample {self.sample_id}: reward is not a number")
         for span in self.spans:
             if not 0 <= span.context_start <= span.start <= span.end <= n:
-                raise SampleFormatError(f"sample {self.sample_id}: span {span.call_id} out of range")
+                raise SampleFormatError(
+                    f"sample {self.sample_id}: span {span.call_id} out of range"
+                )
 
 
 def sample_id_for(episode_id: str, call_ids: list[str], salt: str = "") -> str:

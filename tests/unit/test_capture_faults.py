@@ -1,0 +1,292 @@
+"""Bad inputs: missing or inconsistent ids, malformed bodies, broken and abandoned streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+
+import tito_agents as tito
+from tests.captures import Capture, Replay, load_capture, replay_clients
+from tests.unit.test_capture_replay import run_async, run_sync
+
+MSG = [{"role": "user", "content": "x"}]
+
+
+def with_body(cap: Capture, body: bytes) -> Capture:
+    return Capture(cap.name + "-edited", cap.path, cap.request, cap.status, body)
+
+
+def edit_json(cap: Capture, edit: Any) -> Capture:
+    body = cap.json()
+    edit(body)
+    return with_body(cap, json.dumps(body).encode())
+
+
+def edit_stream(cap: Capture, edit: Any) -> Capture:
+    """Apply `edit(list_of_chunk_dicts)` to the JSON events of a streaming capture."""
+    chunks = []
+    for event in cap.events():
+        data = event.strip()[len(b"data: ") :]
+        chunks.append(data if data == b"[DONE]" else json.loads(data))
+    edit(chunks)
+    out = b""
+    for c in chunks:
+        out += b"data: " + (c if isinstance(c, bytes) else json.dumps(c).encode()) + b"\n\n"
+    return with_body(cap, out)
+
+
+def collect(cap: Capture, **collector_kwargs: Any) -> tuple[tito.Collector, Any]:
+    client, _ = replay_clients(Replay([cap]))
+    collector = tito.Collector(capture_logprobs=False, **collector_kwargs)
+    collector.wrap(client)
+    return collector, client
+
+
+def test_missing_ids_raise_at_episode_end_after_good_samples() -> None:
+    """Default policy: the agent's call succeeds, good calls are written, the episode exit raises."""
+    good, bad = load_capture("chat_ns"), load_capture("chat_ns_plain")
+    client, _ = replay_clients(Replay([good, bad]))
+    collector = tito.Collector(capture_logprobs=False)
+    collector.wrap(client)
+    with pytest.raises(tito.EpisodeCaptureError) as info, collector.episode("e1"):
+        run_sync(client, good)
+        response = run_sync(client, bad)
+        assert response.choices[0].message.content == bad.json()["choices"][0]["message"]["content"]
+    assert isinstance(info.value.errors[0], tito.MissingTokenIdsError)
+    assert "vLLM >= 0.10.2" in str(info.value)
+    assert len(collector.sink.samples) == 1  # type: ignore[attr-defined]
+    assert collector.stats.unusable_calls == 1
+
+
+def test_missing_ids_are_counted_in_lenient_mode() -> None:
+    """Lenient policy: nothing raises; the call is recorded unusable and counted, never sampled."""
+    collector, client = collect(load_capture("chat_ns_plain"), errors="count")
+    with collector.episode() as ep:
+        run_sync(client, load_capture("chat_ns_plain"))
+    assert ep.calls[0].status is tito.CallStatus.UNUSABLE
+    assert collector.stats.unusable_calls == 1
+    assert ep.report.unusable == 1
+    assert collector.sink.samples == []  # type: ignore[attr-defined]
+
+
+def test_strict_mode_fails_the_call_with_the_typed_error() -> None:
+    """Strict policy: the agent's own call fails; the typed error is the cause."""
+    collector, client = collect(load_capture("chat_ns_plain"), errors="raise")
+    with collector.episode(), pytest.raises(tito.MissingTokenIdsError):
+        client.chat.completions.create(model="tiny", messages=MSG)
+
+
+async def test_strict_mode_fails_a_stream_during_iteration() -> None:
+    """Strict policy on a stream: iteration raises the typed error itself."""
+    cap = edit_stream(load_capture("chat_stream"), lambda cs: cs[0].pop("prompt_token_ids"))
+    _, client = replay_clients(Replay([cap]))
+    collector = tito.Collector(capture_logprobs=False, errors="raise")
+    collector.wrap(client)
+    async with collector.episode():
+        with pytest.raises(tito.MissingTokenIdsError):
+            await run_async(client, cap)
+
+
+def test_include_reasoning_false_names_the_cause() -> None:
+    """vLLM 0.32 nulls token_ids with include_reasoning=false: the error says so and how to fix."""
+    cap = load_capture("chat_include_reasoning_false")
+    collector, client = collect(cap, errors="count")
+    with collector.episode() as ep:
+        run_sync(client, cap)
+    assert "include_reasoning=false" in str(ep.calls[0].error)
+
+
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        (
+            lambda b: b["choices"][0].__setitem__("token_ids", [448, 1.5, 2]),
+            tito.MalformedResponseError,
+        ),
+        (
+            lambda b: b["choices"][0].__setitem__("token_ids", ["448", 316, 2]),
+            tito.MalformedResponseError,
+        ),
+        (
+            lambda b: b["choices"][0].__setitem__("token_ids", [448, -1, 2]),
+            tito.MalformedResponseError,
+        ),
+        (lambda b: b.__setitem__("prompt_token_ids", "1,2,3"), tito.MalformedResponseError),
+        (lambda b: b["choices"][0]["logprobs"]["content"].pop(), tito.TokenCountMismatchError),
+        (lambda b: b["usage"].__setitem__("completion_tokens", 7), tito.TokenCountMismatchError),
+    ],
+    ids=["float-id", "string-id", "negative-id", "prompt-not-list", "logprobs-short", "usage"],
+)
+def test_inconsistent_bodies_are_typed_errors(edit: Any, error: type[Exception]) -> None:
+    """Non-integer ids and length mismatches make the call unusable with a typed error."""
+    cap = edit_json(load_capture("eos"), edit)
+    client, _ = replay_clients(Replay([cap]))
+    collector = tito.Collector(capture_logprobs=True, errors="count")
+    collector.wrap(client)
+    with collector.episode() as ep:
+        client.chat.completions.create(model="tiny", messages=MSG)
+    assert isinstance(ep.calls[0].error, error)
+    assert ep.calls[0].status is tito.CallStatus.UNUSABLE
+
+
+def test_streamed_ids_must_match_usage() -> None:
+    """A stream that lost a chunk's ids disagrees with usage.completion_tokens: typed error."""
+    cap = edit_stream(
+        load_capture("chat_stream"), lambda cs: cs[2]["choices"][0].__setitem__("token_ids", [])
+    )
+    collector, client = collect(cap, errors="count")
+    with collector.episode() as ep:
+        chunks = run_sync(client, cap)
+    assert len(chunks) == 5  # the caller still got every chunk
+    assert isinstance(ep.calls[0].error, tito.TokenCountMismatchError)
+
+
+def test_malformed_json_body_is_recorded() -> None:
+    """A 200 with a body that is not JSON: the SDK fails on its own; capture records it unusable."""
+    cap = with_body(load_capture("chat_ns"), b'{"id": "x", "choices": [')
+    collector, client = collect(cap, errors="count")
+    with pytest.raises(Exception), collector.episode():  # noqa: B017 - the SDK's own error
+        client.chat.completions.create(model="tiny", messages=MSG)
+    assert collector.stats.unusable_calls == 1
+
+
+def test_malformed_sse_event_is_recorded() -> None:
+    """An SSE event with broken JSON makes the call unusable; earlier chunks reached the caller."""
+    cap = load_capture("chat_stream")
+    events = cap.events()
+    events[2] = b'data: {"choices": [\n\n'
+    broken = with_body(cap, b"".join(events))
+    collector, client = collect(broken, errors="count")
+    seen = []
+    with pytest.raises(Exception), collector.episode():  # noqa: B017 - the SDK's own error
+        for chunk in client.chat.completions.create(model="tiny", messages=MSG, stream=True):
+            seen.append(chunk)
+    assert len(seen) == 2
+    assert collector.stats.unusable_calls == 1
+
+
+def test_sse_with_crlf_and_comments_is_parsed() -> None:
+    """CRLF line ends, keep-alive comments and split chunks do not change the captured ids."""
+    cap = load_capture("chat_stream")
+    text = b"".join(b": keep-alive\r\n\r\n" + e.replace(b"\n", b"\r\n") for e in cap.events())
+    crlf = with_body(cap, text)
+    collector, client = collect(crlf)
+    with collector.episode() as ep:
+        run_sync(client, crlf)
+    assert ep.calls[0].status is tito.CallStatus.COMPLETE
+    assert ep.calls[0].sampled_ids.tolist() == [448, 316, 448]
+
+
+def test_abandoned_stream_is_incomplete() -> None:
+    """A caller that stops reading and closes the stream leaves an incomplete call, no sample."""
+    cap = load_capture("chat_stream")
+    collector, client = collect(cap)
+    with collector.episode() as ep:
+        stream = client.chat.completions.create(model="tiny", messages=MSG, stream=True)
+        next(iter(stream))
+        stream.close()
+    assert ep.calls[0].status is tito.CallStatus.INCOMPLETE
+    assert isinstance(ep.calls[0].error, tito.IncompleteCallError)
+    assert collector.sink.samples == []  # type: ignore[attr-defined]
+    assert collector.stats.incomplete_calls == 1
+
+
+def test_stream_without_done_is_incomplete() -> None:
+    """A stream that ends without [DONE] (cut by a proxy) is never a complete sample."""
+    cap = load_capture("chat_stream")
+    cut = with_body(cap, b"".join(cap.events()[:3]))
+    collector, client = collect(cut)
+    with collector.episode() as ep:
+        run_sync(client, cut)
+    assert ep.calls[0].status is tito.CallStatus.INCOMPLETE
+    assert collector.sink.samples == []  # type: ignore[attr-defined]
+
+
+async def test_cancelled_stream_is_incomplete() -> None:
+    """Cancelling the task that reads a stream records the call as incomplete."""
+    cap = load_capture("chat_stream")
+    events = cap.events()
+    release = asyncio.Event()
+
+    async def handler(request: httpx2.Request) -> httpx2.Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield events[0]
+            yield events[1]
+            await release.wait()  # never set: the reader is cancelled here
+            for e in events[2:]:
+                yield e
+
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+    client = openai.AsyncOpenAI(
+        base_url="http://vllm.test:8000/v1",
+        api_key="x",
+        http_client=openai.DefaultAsyncHttpxClient(transport=httpx2.MockTransport(handler)),
+    )
+    collector = tito.Collector(capture_logprobs=False)
+    collector.wrap(client)
+    got = asyncio.Event()
+
+    async def reader() -> None:
+        stream = await client.chat.completions.create(model="tiny", messages=MSG, stream=True)
+        try:
+            async for _ in stream:
+                got.set()
+        finally:
+            await stream.close()
+
+    async with collector.episode() as ep:
+        task = asyncio.create_task(reader())
+        await got.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert ep.calls[0].status is tito.CallStatus.INCOMPLETE
+    assert ep.report.incomplete == 1
+
+
+def test_calls_outside_an_episode_default_to_immediate_samples() -> None:
+    """Default: a call outside any episode becomes a per-call sample of episode "default"."""
+    collector, client = collect(load_capture("chat_ns"))
+    run_sync(client, load_capture("chat_ns"))
+    samples = collector.sink.samples  # type: ignore[attr-defined]
+    assert [s.episode_id for s in samples] == ["default"]
+    assert collector.default_episode.calls == []  # memory stays bounded
+
+
+def test_calls_outside_an_episode_can_be_refused() -> None:
+    """outside_episode='error' refuses the request before it is sent."""
+    cap = load_capture("chat_ns")
+    replay = Replay([cap])
+    client, _ = replay_clients(replay)
+    tito.Collector(outside_episode="error").wrap(client)
+    with pytest.raises(tito.OutsideEpisodeError):
+        client.chat.completions.create(model="tiny", messages=MSG)
+    assert replay.received == []
+
+
+def test_failed_episode_writes_no_samples() -> None:
+    """An episode whose body raised writes nothing (its reward cannot be trusted) and is counted."""
+    collector, client = collect(load_capture("chat_ns"))
+    with pytest.raises(RuntimeError), collector.episode() as ep:
+        run_sync(client, load_capture("chat_ns"))
+        raise RuntimeError("agent crashed")
+    assert len(ep.calls) == 1
+    assert collector.sink.samples == []  # type: ignore[attr-defined]
+    assert collector.stats.failed_episodes == 1
+
+
+def test_rewards_must_be_finite() -> None:
+    """NaN or infinite rewards are refused when set, not trained on later."""
+    collector, _ = collect(load_capture("chat_ns"))
+    with collector.episode() as ep:
+        with pytest.raises(ValueError, match="finite"):
+            ep.set_reward(float("nan"))
+        ep.set_reward(0.5)
+    assert ep.reward == 0.5

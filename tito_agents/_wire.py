@@ -9,6 +9,7 @@ and later carry the same id fields).
 
 from __future__ import annotations
 
+import warnings
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,17 +244,44 @@ class ResponseParser:
         self.usage_completion_tokens: int | None = None
         self.done = False
         self._choices: dict[int, _ChoiceAccumulator] = {}
-        self._body_choices: list[ParsedChoice] | None = None
-        self._top_prompt_ids: IdArray | None = None
+        self._segments: _BodySegments | None = None
 
     # ---- non-streaming ----
 
     def parse_body(self, body: bytes) -> list[ParsedChoice]:
-        """Parse a complete JSON response body."""
+        """Parse a complete JSON response body.
+
+        The long arrays (prompt ids, sampled ids, logprob entries) are cut out of the body and
+        parsed as arrays; only the small rest goes through the JSON parser. A body whose layout is
+        unexpected falls back to parsing it whole, which also produces the precise error.
+        """
+        segments = _BodySegments.split(body)
+        try:
+            payload = orjson.loads(segments.skeleton if segments else body)
+        except orjson.JSONDecodeError as exc:
+            if segments is not None:
+                return self._parse_whole(body)
+            raise MalformedResponseError(f"response body is not valid JSON: {exc}") from exc
+        self._segments = segments
+        try:
+            return self._parse_payload(payload)
+        except _FallBack:
+            return self._parse_whole(body)
+
+    def _parse_whole(self, body: bytes) -> list[ParsedChoice]:
+        self._segments = None
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise MalformedResponseError(f"response body is not valid JSON: {exc}") from exc
+        return self._parse_payload(payload)
+
+    def _ids(self, value: Any, what: str) -> IdArray:
+        if self._segments is not None and isinstance(value, str):
+            return self._segments.ids(value)
+        return to_ids(value, what)
+
+    def _parse_payload(self, payload: Any) -> list[ParsedChoice]:
         if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
             raise MalformedResponseError("response body has no choices list")
         self.response_id = payload.get("id")
@@ -262,7 +290,7 @@ class ResponseParser:
         top_prompt: IdArray | None = None
         top_raw = payload.get("prompt_token_ids")
         if chat and top_raw is not None:
-            top_prompt = to_ids(top_raw, "prompt_token_ids")
+            top_prompt = self._ids(top_raw, "prompt_token_ids")
         parsed: list[ParsedChoice] = []
         for raw in payload["choices"]:
             parsed.append(self._parse_body_choice(raw, top_prompt))
@@ -291,15 +319,23 @@ class ResponseParser:
             if chat:
                 choice.prompt_ids = top_prompt
             elif raw.get("prompt_token_ids") is not None:
-                choice.prompt_ids = to_ids(raw["prompt_token_ids"], "prompt_token_ids")
+                choice.prompt_ids = self._ids(raw["prompt_token_ids"], "prompt_token_ids")
             if raw.get("token_ids") is not None:
-                choice.sampled_ids = to_ids(raw["token_ids"], "token_ids")
+                choice.sampled_ids = self._ids(raw["token_ids"], "token_ids")
             if choice.prompt_ids is None or choice.sampled_ids is None:
                 choice.error = _missing_ids_error(self.info, choice.prompt_ids is not None, index)
                 return choice
             what = f"choice {index}"
             lp = raw.get("logprobs")
-            choice.logprobs = _chat_logprobs(lp, what) if chat else _completion_logprobs(lp, what)
+            if chat:
+                segments = self._segments
+                content = lp.get("content") if isinstance(lp, dict) else None
+                if segments is not None and isinstance(content, str):
+                    choice.logprobs = segments.logprobs(content)
+                else:
+                    choice.logprobs = _chat_logprobs(lp, what)
+            else:
+                choice.logprobs = _completion_logprobs(lp, what)
             _check_logprobs(choice, self.info)
         except CaptureError as exc:
             choice.error = exc
@@ -409,6 +445,94 @@ class ResponseParser:
                         "vLLM < 0.13 drops chunks swallowed by tool/reasoning parsers).",
                         fix="use vLLM >= 0.13 for streaming with parsers, or call without stream",
                     )
+
+
+class _FallBack(Exception):
+    """A cut-out segment did not parse on the fast path: parse the body whole instead."""
+
+
+_ID_KEY = b'token_ids":['
+_CONTENT_KEY = b'"logprobs":{"content":['
+_CONTENT_END = b']},"finish_reason":'
+_MARK = "\x00tito:"
+_DIGITS = b"0123456789, "
+
+
+class _BodySegments:
+    """A JSON body with its long arrays cut out and replaced by marker strings.
+
+    `token_ids` arrays become int32 arrays through numpy's text parser, so the JSON parser builds no
+    Python int per token; chat logprob entries are parsed on their own, only when present. The cut points are
+    found by byte search: the keys contain quotes, which cannot occur unescaped inside a string.
+    """
+
+    __slots__ = ("_raw", "skeleton")
+
+    def __init__(self, skeleton: bytes, raw: list[bytes]) -> None:
+        self.skeleton = skeleton
+        self._raw = raw
+
+    @classmethod
+    def split(cls, body: bytes) -> _BodySegments | None:
+        if len(body) < 2048:
+            return None  # small bodies parse whole just as fast
+        parts: list[bytes] = []
+        raw: list[bytes] = []
+        pos = 0
+        while True:
+            key = body.find(_ID_KEY, pos)
+            content = body.find(_CONTENT_KEY, pos)
+            if key == -1 and content == -1:
+                break
+            if content != -1 and (key == -1 or content < key):
+                start = content + len(_CONTENT_KEY)
+                end = body.find(_CONTENT_END, start)
+                if end == -1:
+                    return None
+                close = end + 1  # keep "}" of the logprobs object
+            else:
+                start = key + len(_ID_KEY)
+                end = body.find(b"]", start)
+                if end == -1:
+                    return None
+                close = end + 1
+            parts.append(body[pos : start - 1])
+            parts.append(b'"\\u0000tito:' + str(len(raw)).encode() + b'"')
+            raw.append(body[start:end])
+            pos = close
+        if not raw:
+            return None
+        parts.append(body[pos:])
+        return cls(b"".join(parts), raw)
+
+    def _segment(self, marker: str) -> bytes:
+        if not marker.startswith(_MARK):
+            raise MalformedResponseError("token ids are a string, expected a list of ints")
+        return self._raw[int(marker[len(_MARK) :])]
+
+    def ids(self, marker: str) -> IdArray:
+        segment = self._segment(marker)
+        if not segment.strip():
+            return np.zeros(0, dtype=np.int32)
+        if segment.translate(None, _DIGITS) or segment.count(b",") > len(segment) // 2:
+            raise _FallBack  # not plain non-negative ints: let the full parser name the problem
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # numpy < 2 warns (instead of raising) on bad text
+                values = np.fromstring(segment, dtype=np.int64, sep=",")
+        except (ValueError, DeprecationWarning):
+            raise _FallBack from None
+        if values.shape[0] != segment.count(b",") + 1 or (values.size and values.max() > _MAX_ID):
+            raise _FallBack
+        return values.astype(np.int32)
+
+    def logprobs(self, marker: str) -> LogprobArray:
+        segment = self._segment(marker)
+        try:
+            content = orjson.loads(b"[" + segment + b"]")
+        except orjson.JSONDecodeError:
+            raise _FallBack from None
+        return _chat_logprobs({"content": content}, "logprobs")  # type: ignore[return-value]
 
 
 class SSEDecoder:

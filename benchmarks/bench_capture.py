@@ -1,0 +1,207 @@
+"""Capture overhead, wrapped vs plain openai client, side by side in one run (issue 2 targets).
+
+Against a server that answers instantly (benchmarks/canned_server.py, a separate process), so the
+client's own work is all that remains — the worst case for relative overhead:
+  * 256 concurrent streaming calls of 1k sampled tokens: wall-time ratio wrapped/plain (<= 1.05);
+  * non-streaming calls of 4k prompt + 1k completion ids: wall-time ratio and capture CPU per call
+    (<= 0.3 ms);
+  * bytes held per captured token (<= 16).
+Usage: python benchmarks/bench_capture.py [--check] [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import openai
+
+import tito_agents as tito
+from tito_agents._capture import CaptureCore
+
+HERE = Path(__file__).resolve().parent
+PROMPT, COMPLETION = 4096, 1024
+MSG = [{"role": "user", "content": "benchmark"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def null_collector() -> tito.Collector:
+    return tito.Collector(tito.CallbackSink(lambda batch: None))
+
+
+async def stream_round(
+    client: openai.AsyncOpenAI, collector: tito.Collector | None, n: int
+) -> float:
+    async def one(i: int) -> None:
+        async def consume() -> None:
+            stream = await client.chat.completions.create(
+                model="bench", messages=MSG, stream=True, max_tokens=COMPLETION
+            )
+            async for _ in stream:
+                pass
+
+        if collector is None:
+            await consume()
+        else:
+            async with collector.episode(f"ep{i}"):
+                await consume()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return time.perf_counter() - start
+
+
+async def json_round(client: openai.AsyncOpenAI, collector: tito.Collector | None, n: int) -> float:
+    start = time.perf_counter()
+    for i in range(n):
+        if collector is None:
+            await client.chat.completions.create(model="bench", messages=MSG, max_tokens=COMPLETION)
+        else:
+            async with collector.episode(f"ep{i}"):
+                await client.chat.completions.create(
+                    model="bench", messages=MSG, max_tokens=COMPLETION
+                )
+    return time.perf_counter() - start
+
+
+def make_clients(base_url: str) -> tuple[openai.AsyncOpenAI, openai.AsyncOpenAI, tito.Collector]:
+    limits = {
+        "http_client": openai.DefaultAsyncHttpxClient(
+            limits=__import__("httpx2").Limits(max_connections=300, max_keepalive_connections=300)
+        )
+    }
+    plain = openai.AsyncOpenAI(base_url=base_url, api_key="x", **limits)
+    wrapped_http = openai.DefaultAsyncHttpxClient(
+        limits=__import__("httpx2").Limits(max_connections=300, max_keepalive_connections=300)
+    )
+    wrapped = openai.AsyncOpenAI(base_url=base_url, api_key="x", http_client=wrapped_http)
+    collector = null_collector()
+    collector.wrap(wrapped)
+    return plain, wrapped, collector
+
+
+async def measure_ratio(
+    base_url: str, kind: str, n: int, rounds: int
+) -> tuple[float, float, float]:
+    plain, wrapped, collector = make_clients(base_url)
+    run = stream_round if kind == "stream" else json_round
+    await run(plain, None, min(n, 16))  # warm connections and code paths
+    await run(wrapped, collector, min(n, 16))
+    plain_t, wrapped_t = [], []
+    for r in range(rounds):  # alternate the order so drift in machine load hits both sides
+        order = [(plain, None, plain_t), (wrapped, collector, wrapped_t)]
+        for client, col, out in order if r % 2 == 0 else order[::-1]:
+            gc.collect()
+            out.append(await run(client, col, n))
+    await plain.close()
+    await wrapped.close()
+    p, w = statistics.median(plain_t), statistics.median(wrapped_t)
+    return p, w, w / p
+
+
+def capture_cpu_per_call(json_body: bytes, request_body: bytes, reps: int = 400) -> float:
+    """CPU time of the capture work for one non-streaming 4k+1k call: request rewrite, response
+    parse, call record, per-call sample assembly."""
+    collector = null_collector()
+    core = CaptureCore(collector, frozenset({"127.0.0.1"}))
+    start = time.process_time()
+    for i in range(reps):
+        with collector.episode(f"e{i}"):
+            decision = core.begin("POST", "127.0.0.1", None, "/v1/chat/completions", request_body)
+            assert decision is not None
+            core.finish_body(decision[1], 200, json_body)
+    return (time.process_time() - start) / reps * 1000
+
+
+def bytes_per_token(json_body: bytes, request_body: bytes, calls: int = 50) -> float:
+    """Memory retained per captured token by the call records of an episode."""
+    collector = null_collector()
+    core = CaptureCore(collector, frozenset({"127.0.0.1"}))
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    with collector.episode("mem") as ep:
+        for _ in range(calls):
+            decision = core.begin("POST", "127.0.0.1", None, "/v1/chat/completions", request_body)
+            assert decision is not None
+            core.finish_body(
+                decision[1], 200, json_body.replace(b"0123456789abcdef", str(_).zfill(16).encode())
+            )
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    tokens = sum(c.prompt_ids.shape[0] + c.sampled_ids.shape[0] for c in ep.calls)
+    return held / tokens
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument("--json-calls", type=int, default=200)
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(HERE))
+    from canned_server import build_bodies
+
+    json_body, _ = build_bodies(PROMPT, COMPLETION)
+    request_body = (
+        b'{"messages":[{"role":"user","content":"benchmark"}],"model":"bench","max_tokens":1024}'
+    )
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(HERE / "canned_server.py"), str(port), str(PROMPT), str(COMPLETION)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert server.stdout is not None
+        server.stdout.readline()
+        base_url = f"http://127.0.0.1:{port}/v1"
+        sp, sw, sratio = asyncio.run(measure_ratio(base_url, "stream", args.streams, args.rounds))
+        jp, jw, jratio = asyncio.run(measure_ratio(base_url, "json", args.json_calls, args.rounds))
+    finally:
+        server.terminate()
+        server.wait()
+    cpu_ms = capture_cpu_per_call(json_body, request_body)
+    bpt = bytes_per_token(json_body, request_body)
+
+    rows = [
+        (
+            f"{args.streams} concurrent streams x {COMPLETION} tokens: wall wrapped/plain",
+            f"{sw:.2f}s / {sp:.2f}s = {sratio:.3f}",
+            sratio <= 1.05,
+            "<= 1.05",
+        ),
+        (
+            f"{args.json_calls} calls, {PROMPT}+{COMPLETION} ids, non-stream: wall wrapped/plain",
+            f"{jw:.2f}s / {jp:.2f}s = {jratio:.3f}",
+            jratio <= 1.05,
+            "<= 1.05",
+        ),
+        ("capture CPU per 4k+1k call", f"{cpu_ms:.3f} ms", cpu_ms <= 0.3, "<= 0.3 ms"),
+        ("bytes held per captured token", f"{bpt:.1f} B", bpt <= 16, "<= 16 B"),
+    ]
+    print("\n== capture overhead (issue 2) ==")
+    ok = True
+    for name, value, passed, target in rows:
+        ok &= passed
+        print(f"  {name:<66} {value:<28} target {target:<10} {'PASS' if passed else 'FAIL'}")
+    return 0 if ok or not args.check else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""A vLLM-shaped server that answers instantly with pre-built bodies (the worst case for capture
+overhead: nothing but the client's own work remains). Run as a separate process:
+
+    python benchmarks/canned_server.py PORT PROMPT_TOKENS COMPLETION_TOKENS
+
+POST .../chat/completions answers a vLLM 0.32 body with `return_token_ids` fields and logprobs:
+an SSE stream (one event per token) when the request streams, else one JSON body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+
+
+def build_bodies(prompt_tokens: int, completion_tokens: int) -> tuple[bytes, bytes]:
+    rng = random.Random(0)
+    prompt = [rng.randrange(3, 49152) for _ in range(prompt_tokens)]
+    sampled = [rng.randrange(3, 49152) for _ in range(completion_tokens - 1)] + [2]
+    lps = [round(-rng.random() * 3, 6) for _ in sampled]
+    rid = "chatcmpl-0123456789abcdef"
+    content = [
+        {"token": f"t{t}", "logprob": lp, "bytes": [116], "top_logprobs": []}
+        for t, lp in zip(sampled, lps, strict=True)
+    ]
+    body = {
+        "id": rid,
+        "object": "chat.completion",
+        "created": 1,
+        "model": "bench",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "x" * len(sampled),
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "reasoning": None,
+                },
+                "logprobs": {"content": content},
+                "finish_reason": "stop",
+                "stop_reason": None,
+                "token_ids": sampled,
+                "routed_experts": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": "vllm-0.32.0-bench",
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "total_tokens": len(prompt) + len(sampled),
+            "completion_tokens": len(sampled),
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        },
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt,
+        "prompt_text": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+    dumps = lambda o: json.dumps(o, separators=(",", ":")).encode()  # noqa: E731
+    events = [
+        dumps(
+            {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "bench",
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+                "prompt_token_ids": prompt,
+                "prompt_text": None,
+            }
+        )
+    ]
+    for i, (tok, entry) in enumerate(zip(sampled, content, strict=True)):
+        last = i == len(sampled) - 1
+        choice = {
+            "index": 0,
+            "delta": {"content": "x"} if not last else {},
+            "logprobs": {"content": [entry]},
+            "finish_reason": "stop" if last else None,
+        }
+        if last:
+            choice["stop_reason"] = None
+        choice["token_ids"] = [tok]
+        events.append(
+            dumps(
+                {
+                    "id": rid,
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": "bench",
+                    "choices": [choice],
+                }
+            )
+        )
+    events.append(
+        dumps(
+            {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "bench",
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "total_tokens": len(prompt) + len(sampled),
+                    "completion_tokens": len(sampled),
+                },
+            }
+        )
+    )
+    sse = b"".join(b"data: " + e + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    return dumps(body), sse
+
+
+async def serve(port: int, json_body: bytes, sse_body: bytes) -> None:
+    json_head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+        + str(len(json_body)).encode()
+        + b"\r\n\r\n"
+    )
+    sse_chunk = hex(len(sse_body))[2:].encode() + b"\r\n" + sse_body + b"\r\n0\r\n\r\n"
+    sse_head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    models = b'{"object":"list","data":[{"id":"bench","object":"model"}]}'
+    models_resp = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+        + str(len(models)).encode()
+        + b"\r\n\r\n"
+        + models
+    )
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = await reader.readexactly(length) if length else b""
+                if head.startswith(b"GET"):
+                    writer.write(models_resp)
+                elif b'"stream":true' in body.replace(b" ", b""):
+                    writer.write(sse_head + sse_chunk)
+                else:
+                    writer.write(json_head + json_body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    port, prompt_tokens, completion_tokens = (int(a) for a in sys.argv[1:4])
+    json_body, sse_body = build_bodies(prompt_tokens, completion_tokens)
+    asyncio.run(serve(port, json_body, sse_body))

@@ -1,0 +1,178 @@
+"""Quickstart: a small tool-using agent, several episodes at once, exact samples in a file.
+
+    python examples/quickstart.py --base-url http://127.0.0.1:8765/v1 --episodes 8 --out samples.jsonl
+
+The agent is plain openai code. tito-agents adds two lines: `collector.wrap(client)` and the
+`async with collector.episode(...)` around each rollout. At the end the script prints a summary and
+checks how many calls would have drifted had their sampled text been re-tokenized.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+import tito_agents as tito
+
+WEATHER = {
+    "Paris": "18C and sunny",
+    "Tokyo": "22C and cloudy",
+    "Oslo": "3C and snowing",
+    "Lima": "25C and clear",
+    "Cairo": "31C and dry",
+    "Quito": "14C and rainy",
+}
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "The city name"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def get_weather(city: str) -> str:
+    return WEATHER.get(city.strip().title(), "unknown")
+
+
+async def run_episode(
+    client: openai.AsyncOpenAI, collector: tito.Collector, model: str, city: str, index: int
+) -> tito.Episode:
+    """One rollout: ask, let the model call the tool, answer; reward 1 if the answer uses it."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a helpful assistant. Use tools when useful."},
+        {"role": "user", "content": f"What is the weather in {city} right now?"},
+    ]
+    async with collector.episode(task_id=f"weather-{city}", group_id=city) as ep:
+        first = await client.chat.completions.create(
+            model=model,
+            messages=messages,
+            tools=TOOLS,
+            tool_choice="required",
+            max_tokens=64,
+            temperature=1.0,
+            seed=index,
+        )
+        message = first.choices[0].message
+        observation = "unknown"
+        messages.append(
+            message.model_dump(
+                exclude_none=True,
+                exclude={"refusal", "annotations", "audio", "function_call", "reasoning"},
+            )
+        )
+        for tool_call in message.tool_calls or []:
+            try:
+                observation = get_weather(json.loads(tool_call.function.arguments).get("city", ""))
+            except (json.JSONDecodeError, AttributeError):
+                observation = "error: bad arguments"
+            messages.append({"role": "tool", "tool_call_id": tool_call.id, "content": observation})
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=48,
+            temperature=1.0,
+            seed=index,
+            stream=True,
+        )
+        answer = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        words = observation.split()
+        ep.set_reward(1.0 if words and words[0].lower() in answer.lower() else 0.0)
+    return ep
+
+
+async def count_drift(base_url: str, samples: list[tito.Sample]) -> tuple[int, int]:
+    """Decode each call's sampled ids and encode the text again (with the server's own tokenizer,
+    /detokenize and /tokenize): how many calls would have come back with other ids?"""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    drifted = 0
+    async with httpx.AsyncClient(base_url=root, timeout=60) as http:
+        for sample in samples:
+            for span in sample.spans:
+                ids = sample.token_ids[span.start : span.end].tolist()
+                text = (await http.post("/detokenize", json={"tokens": ids})).json()["prompt"]
+                again = (
+                    await http.post("/tokenize", json={"prompt": text, "add_special_tokens": False})
+                ).json()
+                drifted += again["tokens"] != ids
+    return drifted, sum(len(s.spans) for s in samples)
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8765/v1")
+    parser.add_argument("--model", default=None, help="default: the first model the server lists")
+    parser.add_argument("--episodes", type=int, default=6)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path("samples.jsonl"))
+    args = parser.parse_args()
+
+    client = openai.AsyncOpenAI(base_url=args.base_url, api_key="EMPTY", timeout=600)
+    model = args.model or (await client.models.list()).data[0].id
+    args.out.unlink(missing_ok=True)
+    collector = tito.Collector(args.out, capture_logprobs=True)
+    collector.wrap(client)  # <- tito-agents, line 1
+
+    cities = list(WEATHER)
+    gate = asyncio.Semaphore(args.concurrency)
+    done = 0
+    started = time.time()
+
+    async def one(i: int) -> tito.Episode:
+        nonlocal done
+        async with gate:
+            ep = await run_episode(client, collector, model, cities[i % len(cities)], i)
+        done += 1
+        print(
+            f"\r  episodes {done}/{args.episodes}  ({time.time() - started:.0f}s)",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+        return ep
+
+    print(f"running {args.episodes} episodes against {args.base_url} ({model})", file=sys.stderr)
+    episodes = await asyncio.gather(*(one(i) for i in range(args.episodes)))
+    print(file=sys.stderr)
+    collector.close()
+
+    samples = list(tito.read_samples(args.out))
+    drifted, calls = await count_drift(args.base_url, samples)
+    stats = collector.stats
+    rewards = [ep.reward or 0.0 for ep in episodes]
+    print("\n== tito-agents quickstart ==")
+    print(f"episodes        {len(episodes)}  (mean reward {sum(rewards) / len(rewards):.2f})")
+    print(
+        f"calls           {stats.complete_calls} complete, {stats.unusable_calls} unusable, "
+        f"{stats.incomplete_calls} incomplete"
+    )
+    print(f"samples         {len(samples)}")
+    print(f"tokens          {sum(s.num_tokens for s in samples)}")
+    print(f"trained tokens  {sum(s.num_trained for s in samples)}")
+    print(f"file            {args.out.resolve()}")
+    print(
+        f"drift           {drifted} of {calls} calls would have come back with other token ids "
+        "had their text been re-tokenized"
+    )
+    await client.close()
+    return 0 if samples else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

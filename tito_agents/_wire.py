@@ -43,6 +43,7 @@ _SAMPLING_KEYS = (
     "repetition_penalty",
 )
 _MAX_ID = 2**31 - 1
+_ABSENT: Any = object()
 
 _NO_IDS_FIX = (
     "use vLLM >= 0.10.2 (it returns ids when a request carries return_token_ids), or do not mark "
@@ -344,17 +345,18 @@ class ResponseParser:
     # ---- streaming ----
 
     def feed_event(self, event: Any) -> None:
-        """Absorb one decoded SSE data payload (a dict)."""
-        if not isinstance(event, dict):
+        """Absorb one decoded SSE data payload (a dict). This runs once per streamed token: keep it
+        lean."""
+        if type(event) is not dict:
             raise MalformedResponseError("SSE event is not a JSON object")
         if self.response_id is None:
             self.response_id = event.get("id")
             self.model = event.get("model")
-        if "error" in event and "choices" not in event:
-            raise MalformedResponseError(f"stream carried an error event: {event['error']}")
-        usage = event.get("usage")
         choices = event.get("choices")
         if not choices:
+            if "error" in event:
+                raise MalformedResponseError(f"stream carried an error event: {event['error']}")
+            usage = event.get("usage")
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                 self.usage_completion_tokens = usage["completion_tokens"]
             return
@@ -370,38 +372,41 @@ class ResponseParser:
                 self._feed_choice(acc, raw, event if chat else raw, chat)
             except CaptureError as exc:
                 acc.error = exc
-            except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            except (TypeError, KeyError, ValueError, AttributeError, OverflowError) as exc:
                 acc.error = MalformedResponseError(f"choice {index}: malformed stream chunk: {exc}")
 
     def _feed_choice(
         self, acc: _ChoiceAccumulator, raw: dict[str, Any], prompt_holder: Any, chat: bool
     ) -> None:
-        prompt_raw = prompt_holder.get("prompt_token_ids")
-        if prompt_raw is not None and acc.prompt_ids is None:
-            acc.prompt_ids = to_ids(prompt_raw, "prompt_token_ids")
-        if "token_ids" in raw:
-            ids = raw["token_ids"]
-            if ids is None:
-                acc.saw_null_ids = True
-            else:
-                if not isinstance(ids, list) or not all(
-                    type(t) is int and 0 <= t <= _MAX_ID for t in ids
-                ):
-                    raise MalformedResponseError("streamed token_ids hold non-integer values")
+        if acc.prompt_ids is None:
+            prompt_raw = prompt_holder.get("prompt_token_ids")
+            if prompt_raw is not None:
+                acc.prompt_ids = to_ids(prompt_raw, "prompt_token_ids")
+        ids = raw.get("token_ids", _ABSENT)
+        if ids is None:
+            acc.saw_null_ids = True
+        elif ids is not _ABSENT:
+            if type(ids) is not list:
+                raise MalformedResponseError("streamed token_ids is not a list")
+            if ids:
+                # array("i") refuses non-integers (TypeError) and ids >= 2**31 (OverflowError)
                 acc.ids.extend(ids)
-                acc.saw_ids = True
-                lp = raw.get("logprobs")
-                if lp is not None:
-                    if chat:
-                        content = lp.get("content") if isinstance(lp, dict) else None
-                        if content:
-                            acc.logprobs.extend(e["logprob"] for e in content)
-                    else:
-                        values = lp.get("token_logprobs") if isinstance(lp, dict) else None
-                        if values:
-                            acc.logprobs.extend(values)
-        if raw.get("finish_reason") is not None:
-            acc.finish_reason = raw["finish_reason"]
+                if min(ids) < 0:
+                    raise MalformedResponseError("streamed token_ids hold negative values")
+            acc.saw_ids = True
+            lp = raw.get("logprobs")
+            if lp is not None:
+                if chat:
+                    content = lp["content"]
+                    if content is not None:
+                        acc.logprobs.extend([e["logprob"] for e in content])
+                else:
+                    values = lp["token_logprobs"]
+                    if values is not None:
+                        acc.logprobs.extend(values)
+        finish = raw.get("finish_reason")
+        if finish is not None:
+            acc.finish_reason = finish
             acc.stop_reason = raw.get("stop_reason")
 
     def finish_stream(self) -> list[ParsedChoice]:

@@ -15,6 +15,7 @@ from tito_agents._capture import ErrorPolicy, OutsideEpisode
 from tito_agents.calls import Call, CallStatus, Endpoint
 from tito_agents.collector import CaptureStats, Collector
 from tito_agents.episodes import (
+    Attribution,
     ContextThreadPoolExecutor,
     Episode,
     EpisodeReport,
@@ -23,6 +24,8 @@ from tito_agents.episodes import (
     current_agent,
     current_episode,
     labels,
+    register_resolver,
+    unregister_resolver,
 )
 from tito_agents.errors import (
     CaptureError,
@@ -43,6 +46,7 @@ from tito_agents.sinks import CallbackSink, JsonlSink, MemorySink, Sink, read_sa
 __version__ = "0.1.0"
 
 __all__ = [
+    "Attribution",
     "Call",
     "CallSpan",
     "CallStatus",
@@ -77,4 +81,6 @@ __all__ = [
     "current_episode",
     "labels",
     "read_samples",
+    "register_resolver",
+    "unregister_resolver",
 ]

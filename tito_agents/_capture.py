@@ -100,7 +100,7 @@ class CaptureCore:
         if endpoint is None:
             return None
         collector = self.collector
-        episode = episodes.current_episode()
+        episode, agent, labels = episodes.resolve_attribution()
         if episode is None:
             policy = collector.outside_episode
             if policy is OutsideEpisode.IGNORE:
@@ -122,8 +122,8 @@ class CaptureCore:
         pending = PendingCall(
             info=info,
             episode=episode,
-            agent=episodes.current_agent() or episode.agent,
-            labels=episodes.current_labels(),
+            agent=agent or episode.agent,
+            labels=labels,
             seq=episode.next_seq(),
             policy_version=collector.policy_version,
             started_at=time.time(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -25,6 +26,8 @@ from tito_agents.samples import finite_or_none
 if TYPE_CHECKING:
     from tito_agents.collector import Collector
 
+logger = logging.getLogger("tito_agents")
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -38,6 +41,63 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _CURRENT_LABELS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "tito_labels", default=_EMPTY
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """What a framework adapter knows about the code making a request: its episode, agent, labels.
+
+    Returned by resolvers registered with `register_resolver`; any field may be left empty.
+    """
+
+    episode: Episode | None = None
+    agent: str | None = None
+    labels: Mapping[str, Any] = field(default_factory=dict)
+
+
+Resolver = Callable[[], "Attribution | None"]
+_RESOLVERS: list[Resolver] = []
+
+
+def register_resolver(resolver: Resolver) -> None:
+    """Add a resolver the capture layer calls when each request is sent (in the caller's context).
+
+    Integrations use it to read their framework's own context (LangGraph node, Agents SDK span).
+    Explicit `episode()` / `agent()` / `labels()` scopes win over what resolvers say. Idempotent.
+    """
+    if resolver not in _RESOLVERS:
+        _RESOLVERS.append(resolver)
+
+
+def unregister_resolver(resolver: Resolver) -> None:
+    """Remove a resolver added with `register_resolver` (no error if it is not registered)."""
+    if resolver in _RESOLVERS:
+        _RESOLVERS.remove(resolver)
+
+
+def resolve_attribution() -> tuple[Episode | None, str | None, Mapping[str, Any]]:
+    """Episode, agent and labels for a request sent now: explicit scopes first, then resolvers."""
+    episode = _CURRENT_EPISODE.get()
+    agent_name = _CURRENT_AGENT.get()
+    found = _CURRENT_LABELS.get()
+    if not _RESOLVERS:
+        return episode, agent_name, found
+    merged: dict[str, Any] = {}
+    for resolver in list(_RESOLVERS):
+        try:
+            result = resolver()
+        except Exception:  # a resolver must never break the agent's call
+            logger.exception("attribution resolver %r failed", resolver)
+            continue
+        if result is None:
+            continue
+        if episode is None:
+            episode = result.episode
+        if agent_name is None:
+            agent_name = result.agent
+        merged.update(result.labels)
+    merged.update(found)
+    return episode, agent_name, MappingProxyType(merged)
 
 
 def current_episode() -> Episode | None:

@@ -378,3 +378,35 @@ def test_concurrent_async_episodes_do_not_mix() -> None:
             assert ep.calls[0].request_id == caps[i % 2].json()["id"]
 
     asyncio.run(main())
+
+
+def test_resolvers_attribute_calls_and_explicit_scopes_win() -> None:
+    """A registered resolver supplies episode, agent and labels; explicit scopes take precedence;
+    a failing resolver never breaks the call."""
+    cap, other = load_capture("chat_ns"), load_capture("eos")
+    client, _ = replay_clients(Replay([cap, other]))
+    collector = tito.Collector(capture_logprobs=False)
+    collector.wrap(client)
+    framework_episode = collector.episode("from-framework")
+
+    def resolver() -> tito.Attribution:
+        return tito.Attribution(framework_episode, "node-a", {"langgraph_step": 3, "x": 1})
+
+    def broken() -> tito.Attribution:
+        raise RuntimeError("resolver bug")
+
+    tito.register_resolver(broken)
+    tito.register_resolver(resolver)
+    try:
+        run_sync(client, cap)  # no explicit scope: the resolver's episode (never entered) gets it
+        with collector.episode("explicit") as ep, tito.agent("planner"), tito.labels(x=2):
+            run_sync(client, other)
+    finally:
+        tito.unregister_resolver(resolver)
+        tito.unregister_resolver(broken)
+    (framework_call,) = framework_episode.calls
+    assert framework_call.agent == "node-a"
+    assert framework_call.labels == {"langgraph_step": 3, "x": 1}
+    (explicit_call,) = ep.calls
+    assert explicit_call.agent == "planner"
+    assert explicit_call.labels == {"langgraph_step": 3, "x": 2}

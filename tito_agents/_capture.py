@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import orjson
 
-from tito_agents import episodes
+from tito_agents import episodes, sessions
 from tito_agents._wire import (
     ParsedChoice,
     RequestInfo,
@@ -25,13 +26,14 @@ from tito_agents._wire import (
     endpoint_for_path,
     prepare_request,
 )
-from tito_agents.calls import EMPTY_IDS, Call, CallStatus
+from tito_agents.calls import EMPTY_IDS, Call, CallStatus, Endpoint
 from tito_agents.errors import (
     CaptureError,
     IncompleteCallError,
     MalformedResponseError,
     OutsideEpisodeError,
 )
+from tito_agents.sessions import Plan, Session, SessionDecision, SessionNote, Turn
 
 if TYPE_CHECKING:
     from tito_agents.collector import Collector
@@ -75,14 +77,21 @@ class PendingCall:
     started_at: float
     first_byte_at: float | None = None
     finished: bool = False
+    session: Session | None = None
+    plan: Plan | None = None
+    """Token-in session mode: the request plan the transport drives before sending."""
+    decision: SessionDecision | None = None
 
 
 class CaptureCore:
     """Request/response logic of the transports, bound to one collector and a set of vLLM hosts."""
 
-    def __init__(self, collector: Collector, vllm_hosts: frozenset[str]) -> None:
+    def __init__(
+        self, collector: Collector, vllm_hosts: frozenset[str], *, sessions: bool = False
+    ) -> None:
         self.collector = collector
         self.vllm_hosts = vllm_hosts
+        self.sessions = sessions
 
     def is_vllm_host(self, host: str, port: int | None) -> bool:
         """Hosts are matched as "host:port" first, then as bare "host"."""
@@ -128,8 +137,29 @@ class CaptureCore:
             policy_version=collector.policy_version,
             started_at=time.time(),
         )
+        wants_session = episode.sessions if episode.sessions is not None else self.sessions
+        if (
+            wants_session
+            and info.endpoint is Endpoint.CHAT
+            and episode is not collector.default_episode
+            and info.payload is not None
+        ):
+            info.want_message = True
+            pending.session = episode.session_for(pending.agent)
+            pending.plan = sessions.plan(pending.session, info.payload)
         collector.stats.requests += 1
         return new_body, pending
+
+    def apply_decision(
+        self, pending: PendingCall, decision: SessionDecision | None, body: bytes | None
+    ) -> bytes | None:
+        """The body to send after a session plan ran (None: keep `body`)."""
+        if decision is None:
+            decision = SessionDecision(None, SessionNote.FALLBACK, "session planning failed")
+        pending.decision = decision
+        if decision.prompt_ids is None or pending.info.payload is None:
+            return body
+        return sessions.with_token_prompt(pending.info.payload, decision.prompt_ids)
 
     def discard(self, pending: PendingCall, status: int | None) -> None:
         """A failed attempt (non-2xx or transport error): not a call. The SDK may retry it."""
@@ -215,11 +245,46 @@ class CaptureCore:
                     tools=info.tools,
                 )
             )
+        if pending.session is not None:
+            self._update_session(pending, calls, choices)
         added = episode.add_calls(calls)
         collector.on_calls_recorded(episode, calls, added)
         raise_now = collector.error_policy is ErrorPolicy.RAISE and incomplete is None
         if first_error is not None and raise_now:
             raise first_error
+
+    def _update_session(
+        self, pending: PendingCall, calls: list[Call], choices: list[ParsedChoice]
+    ) -> None:
+        """Note how each call's prompt was made; complete calls become turns of the session."""
+        session = pending.session
+        decision = pending.decision or SessionDecision(None, SessionNote.FIRST)
+        payload = pending.info.payload or {}
+        messages = payload.get("messages") if isinstance(payload.get("messages"), list) else []
+        assert session is not None
+        for call, choice in zip(calls, choices, strict=True):
+            call.session, call.session_reason = decision.note, decision.reason
+            if call.status is not CallStatus.COMPLETE:
+                continue
+            sent = decision.prompt_ids
+            if sent is not None and not np.array_equal(sent, call.prompt_ids):
+                call.session = SessionNote.FALLBACK
+                call.session_reason = (
+                    "the server ignored the token prompt in kv_transfer_params "
+                    "(needs vLLM >= 0.27); it rendered the messages instead"
+                )
+                session.server_ignores_token_in = True
+            session.add_turn(
+                Turn(
+                    messages=list(messages or []),
+                    tools_key=sessions.tools_key(payload),
+                    prompt_ids=call.prompt_ids,
+                    sampled_ids=call.sampled_ids,
+                    finish_reason=call.finish_reason,
+                    assistant=choice.message,
+                    stop_reason=call.stop_reason,
+                )
+            )
 
 
 def _failed_choice(error: CaptureError) -> ParsedChoice:

@@ -9,37 +9,79 @@ responses into the `CaptureCore`. Sync and async classes differ only in how they
 from __future__ import annotations
 
 import functools
+import logging
 import types
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import orjson
+
 from tito_agents._capture import CaptureCore, PendingCall, StreamTee
+
+logger = logging.getLogger("tito_agents")
 
 
 def _is_event_stream(response: Any) -> bool:
     return str(response.headers.get("content-type", "")).startswith("text/event-stream")
 
 
-def _rewrite(module: Any, core: CaptureCore, request: Any) -> tuple[Any, PendingCall | None]:
-    """Return the request to send (rewritten when captured) and its pending record."""
+def _decide(core: CaptureCore, request: Any) -> tuple[bytes, PendingCall] | None:
+    """Whether to capture `request`; if so, the body to send (rewritten) and its pending record."""
     try:
         body = request.content
     except Exception:  # a streaming upload: not an OpenAI-style JSON request
-        return request, None
+        return None
     url = request.url
     decision = core.begin(request.method, url.host, url.port, url.path, body)
     if decision is None:
-        return request, None
+        return None
     new_body, pending = decision
+    return (body if new_body is None else new_body), pending
+
+
+def _rebuild(module: Any, request: Any, body: bytes) -> Any:
     headers = request.headers.copy()
     headers["accept-encoding"] = "identity"  # the SSE tee reads raw bytes
-    if new_body is None:
-        new_body = body
     headers.pop("content-length", None)
-    rebuilt = module.Request(
-        request.method, url, headers=headers, content=new_body, extensions=request.extensions
+    return module.Request(
+        request.method, request.url, headers=headers, content=body, extensions=request.extensions
     )
-    return rebuilt, pending
+
+
+def _tokenize_request(module: Any, request: Any, payload: dict[str, Any]) -> Any:
+    """A `POST /tokenize` to the server of `request` (vLLM serves it at the root, not under /v1)."""
+    path = request.url.path.rstrip("/")
+    for suffix in ("/chat/completions", "/completions"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+            break
+    path = path.removesuffix("/v1")
+    headers = {"content-type": "application/json", "accept-encoding": "identity"}
+    if "authorization" in request.headers:
+        headers["authorization"] = request.headers["authorization"]
+    return module.Request(
+        "POST",
+        request.url.copy_with(path=f"{path}/tokenize", query=None),
+        headers=headers,
+        content=orjson.dumps(payload),
+        extensions=request.extensions,
+    )
+
+
+def _tokens(status: int, body: bytes) -> list[int] | None:
+    if status != 200:
+        return None
+    try:
+        tokens = orjson.loads(body).get("tokens")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return tokens if isinstance(tokens, list) else None
+
+
+def _plan_failed(pending: PendingCall) -> None:
+    logger.warning(
+        "token-in session planning failed; the call is rendered by the server", exc_info=True
+    )
 
 
 @functools.cache
@@ -84,9 +126,13 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
             self.core = core
 
         def handle_request(self, request: Any) -> Any:
-            request, pending = _rewrite(module, self.core, request)
-            if pending is None:
+            decided = _decide(self.core, request)
+            if decided is None:
                 return self.inner.handle_request(request)
+            body, pending = decided
+            if pending.plan is not None:
+                body = self._run_plan(request, pending, body)
+            request = _rebuild(module, request, body)
             try:
                 response = self.inner.handle_request(request)
             except BaseException:
@@ -111,6 +157,29 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
             self.core.finish_body(pending, response.status_code, body)
             return response
 
+        def _run_plan(self, request: Any, pending: PendingCall, body: bytes) -> bytes:
+            """Drive a token-in session plan, answering its /tokenize asks over the inner transport."""
+            plan, decision = pending.plan, None
+            assert plan is not None
+            try:
+                asks = next(plan)
+                while True:
+                    results = []
+                    for ask in asks:
+                        response = self.inner.handle_request(
+                            _tokenize_request(module, request, ask)
+                        )
+                        try:
+                            results.append(_tokens(response.status_code, response.read()))
+                        finally:
+                            response.close()
+                    asks = plan.send(results)
+            except StopIteration as stop:
+                decision = stop.value
+            except Exception:
+                _plan_failed(pending)
+            return self.core.apply_decision(pending, decision, body) or body
+
         def close(self) -> None:
             self.inner.close()
 
@@ -122,9 +191,13 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
             self.core = core
 
         async def handle_async_request(self, request: Any) -> Any:
-            request, pending = _rewrite(module, self.core, request)
-            if pending is None:
+            decided = _decide(self.core, request)
+            if decided is None:
                 return await self.inner.handle_async_request(request)
+            body, pending = decided
+            if pending.plan is not None:
+                body = await self._run_plan(request, pending, body)
+            request = _rebuild(module, request, body)
             try:
                 response = await self.inner.handle_async_request(request)
             except BaseException:
@@ -148,6 +221,28 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                 raise
             self.core.finish_body(pending, response.status_code, body)
             return response
+
+        async def _run_plan(self, request: Any, pending: PendingCall, body: bytes) -> bytes:
+            """Async twin of the sync `_run_plan` (same plan, same asks, awaited I/O)."""
+            plan, decision = pending.plan, None
+            assert plan is not None
+            try:
+                asks = next(plan)
+                while True:
+                    results = []
+                    for ask in asks:
+                        tokenize = _tokenize_request(module, request, ask)
+                        response = await self.inner.handle_async_request(tokenize)
+                        try:
+                            results.append(_tokens(response.status_code, await response.aread()))
+                        finally:
+                            await response.aclose()
+                    asks = plan.send(results)
+            except StopIteration as stop:
+                decision = stop.value
+            except Exception:
+                _plan_failed(pending)
+            return self.core.apply_decision(pending, decision, body) or body
 
         async def aclose(self) -> None:
             await self.inner.aclose()

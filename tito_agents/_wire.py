@@ -67,6 +67,10 @@ class RequestInfo:
     messages: list[dict[str, Any]] | None
     tools: list[dict[str, Any]] | None
     include_reasoning: bool = True
+    payload: dict[str, Any] | None = None
+    """The parsed request body (token-in sessions rewrite it)."""
+    want_message: bool = False
+    """Keep each choice's assistant message (token-in sessions compare it with the next request)."""
 
 
 def endpoint_for_path(path: str) -> Endpoint | None:
@@ -120,6 +124,7 @@ def prepare_request(
         messages=messages if isinstance(messages, list) else None,
         tools=payload.get("tools") if isinstance(payload.get("tools"), list) else None,
         include_reasoning=payload.get("include_reasoning", True) is not False,
+        payload=payload,
     )
     return (orjson.dumps(payload) if changed else None), info
 
@@ -140,6 +145,8 @@ class ParsedChoice:
     stop_reason: int | str | None
     routed_experts: str | None = None
     error: CaptureError | None = None
+    message: dict[str, Any] | None = None
+    """The assistant message (only kept when `RequestInfo.want_message`)."""
 
 
 @dataclass(slots=True)
@@ -154,6 +161,39 @@ class _ChoiceAccumulator:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     error: CaptureError | None = None
+    content: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message the streamed deltas add up to."""
+        calls = [
+            {
+                "id": c.get("id"),
+                "type": "function",
+                "function": {"name": c.get("name"), "arguments": "".join(c.get("arguments", []))},
+            }
+            for _, c in sorted(self.tool_calls.items())
+        ]
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+    def absorb_delta(self, delta: Any) -> None:
+        if not isinstance(delta, dict):
+            return
+        text = delta.get("content")
+        if isinstance(text, str):
+            self.content.append(text)
+        for call in delta.get("tool_calls") or []:
+            slot = self.tool_calls.setdefault(call.get("index", 0), {"arguments": []})
+            if call.get("id"):
+                slot["id"] = call["id"]
+            function = call.get("function") or {}
+            if function.get("name"):
+                slot["name"] = function["name"]
+            if function.get("arguments"):
+                slot["arguments"].append(function["arguments"])
 
 
 def to_ids(value: Any, what: str) -> IdArray:
@@ -315,6 +355,8 @@ class ResponseParser:
             stop_reason=raw.get("stop_reason"),
             routed_experts=raw.get("routed_experts"),
         )
+        if self.info.want_message and isinstance(raw.get("message"), dict):
+            choice.message = raw["message"]
         try:
             chat = self.info.endpoint is Endpoint.CHAT
             if chat:
@@ -404,6 +446,8 @@ class ResponseParser:
                     values = lp["token_logprobs"]
                     if values is not None:
                         acc.logprobs.extend(values)
+        if self.info.want_message:
+            acc.absorb_delta(raw.get("delta"))
         finish = raw.get("finish_reason")
         if finish is not None:
             acc.finish_reason = finish
@@ -422,6 +466,7 @@ class ResponseParser:
                 finish_reason=acc.finish_reason,
                 stop_reason=acc.stop_reason,
                 error=acc.error,
+                message=acc.message() if self.info.want_message else None,
             )
             if choice.error is None:
                 if acc.prompt_ids is None or not acc.saw_ids or acc.saw_null_ids:

@@ -75,6 +75,10 @@ class Call:
     messages: list[dict[str, Any]] | None = None
     """The chat messages of the request, kept in memory (not persisted) for drift checks."""
     tools: list[dict[str, Any]] | None = None
+    session: str | None = None
+    """In token-in session mode, how the prompt was made (`sessions.SessionNote`); else None."""
+    session_reason: str | None = None
+    """Why a session call fell back to server rendering (or was bridged)."""
 
     @property
     def num_sampled(self) -> int:

@@ -65,6 +65,9 @@ class Collector:
     errors: what a capture problem does (`ErrorPolicy`; "episode" by default).
     outside_episode: what a call outside any episode does (`OutsideEpisode`; "default").
     keep_messages: keep each request's chat messages on its `Call` (memory only, never persisted).
+    policy_version: a label of the weights that sample now (async RL); set it again on each update.
+    end_of_turn_id: the model's end-of-turn token for token-in sessions; learnt from the first turn
+        that ends on EOS when not given (needed earlier only to bridge a truncated first turn).
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class Collector:
         outside_episode: OutsideEpisode | str = OutsideEpisode.DEFAULT,
         keep_messages: bool = True,
         policy_version: str | None = None,
+        end_of_turn_id: int | None = None,
     ) -> None:
         if sink is None:
             from tito_agents.sinks import MemorySink
@@ -89,6 +93,7 @@ class Collector:
         self.outside_episode = OutsideEpisode(outside_episode)
         self.keep_messages = keep_messages
         self.policy_version = policy_version
+        self.end_of_turn_id = end_of_turn_id
         self.stats = CaptureStats()
         self._lock = threading.Lock()
         self._closed = False
@@ -96,12 +101,15 @@ class Collector:
 
     # ---- set-up ----
 
-    def wrap(self, client: ClientT, *, vllm_hosts: Iterable[str] | None = None) -> ClientT:
+    def wrap(
+        self, client: ClientT, *, vllm_hosts: Iterable[str] | None = None, sessions: bool = False
+    ) -> ClientT:
         """Capture every call of an existing `openai.OpenAI` / `AsyncOpenAI` client (in place).
 
         `vllm_hosts` lists the hosts ("host" or "host:port") that run vLLM; by default the host of
         the client's `base_url`. Only those hosts get vLLM-only fields; the official OpenAI API is
-        never marked. Returns the same client for one-line use.
+        never marked. `sessions=True` turns on token-in sessions for chat calls of this client
+        (see `tito_agents.sessions`; an episode can override it). Returns the same client.
         """
         http_client = getattr(client, "_client", None)
         base_url = getattr(client, "base_url", None)
@@ -111,11 +119,16 @@ class Collector:
                 f"{type(client).__name__}"
             )
         hosts = self._hosts(vllm_hosts, str(base_url))
-        _transport.install(http_client, CaptureCore(self, hosts))
+        _transport.install(http_client, CaptureCore(self, hosts, sessions=sessions))
         return client
 
     def http_client(
-        self, vllm_hosts: Iterable[str], *, asynchronous: bool = True, **kwargs: Any
+        self,
+        vllm_hosts: Iterable[str],
+        *,
+        asynchronous: bool = True,
+        sessions: bool = False,
+        **kwargs: Any,
     ) -> Any:
         """A new httpx client (the library the installed openai uses) that captures calls to
         `vllm_hosts`; for frameworks that accept an `http_client` / `http_async_client`."""
@@ -123,7 +136,8 @@ class Collector:
 
         cls = openai.DefaultAsyncHttpxClient if asynchronous else openai.DefaultHttpxClient
         client = cls(**kwargs)
-        _transport.install(client, CaptureCore(self, self._hosts(vllm_hosts, None)))
+        core = CaptureCore(self, self._hosts(vllm_hosts, None), sessions=sessions)
+        _transport.install(client, core)
         return client
 
     @staticmethod
@@ -156,12 +170,22 @@ class Collector:
         group_id: str | None = None,
         agent: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        sessions: bool | None = None,
     ) -> Episode:
-        """A context manager (`with` or `async with`) scoping the calls of one rollout."""
+        """A context manager (`with` or `async with`) scoping the calls of one rollout.
+
+        `sessions` turns token-in sessions on or off for this episode (None: as the client says).
+        """
         if self._closed:
             raise ConfigurationError("the collector is closed")
         return Episode(
-            self, episode_id, task_id=task_id, group_id=group_id, agent=agent, metadata=metadata
+            self,
+            episode_id,
+            task_id=task_id,
+            group_id=group_id,
+            agent=agent,
+            metadata=metadata,
+            sessions=sessions,
         )
 
     def assemble(self, episode: Episode, calls: list[Call]) -> list[Sample]:

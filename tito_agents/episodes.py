@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from tito_agents.calls import Call, CallStatus
 from tito_agents.errors import CaptureError
 from tito_agents.samples import finite_or_none
+from tito_agents.sessions import Session
 
 if TYPE_CHECKING:
     from tito_agents.collector import Collector
@@ -192,8 +193,12 @@ class Episode:
         group_id: str | None = None,
         agent: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        sessions: bool | None = None,
     ) -> None:
         self.collector = collector
+        self.sessions = sessions
+        """Token-in sessions for this episode: True/False, or None to follow the wrapped client."""
+        self._session_state: dict[str | None, Session] = {}
         self.episode_id = episode_id or uuid.uuid4().hex
         self.task_id = task_id
         self.group_id = group_id
@@ -265,6 +270,15 @@ class Episode:
                     self.errors.append(call.error)
                 added += 1
         return added
+
+    def session_for(self, agent_name: str | None) -> Session:
+        """The token-in session of one agent in this episode (created on first use)."""
+        with self._lock:
+            session = self._session_state.get(agent_name)
+            if session is None:
+                eot = self.collector.end_of_turn_id
+                session = self._session_state[agent_name] = Session(end_of_turn_id=eot)
+            return session
 
     @property
     def inflight(self) -> int:

@@ -1,0 +1,312 @@
+"""Token-in sessions on the fake vLLM: exact prefixes, bridges, branches and every fallback."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx2
+import numpy as np
+import openai
+import pytest
+
+import tito_agents as tito
+from tito_agents.sessions import SessionNote
+from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, RequestView
+from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def responder(view: RequestView) -> str:
+    """Calls the tool until a tool result is the last message, then answers in words."""
+    messages = view.messages or []
+    if messages and messages[-1].get("role") == "tool":
+        return "It is sunny in the dataset of Paris, with a database of clouds."
+    return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+Hook = Callable[[str, bytes], tuple[str, bytes] | httpx2.Response]
+
+
+def make_client(
+    fake: FakeVLLM, collector: tito.Collector, hook: Hook | None = None, *, sessions: bool = True
+) -> openai.OpenAI:
+    """A sync openai client whose HTTP goes to the pure fake core (optionally through `hook`)."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        path, body = request.url.path, request.content
+        if hook is not None:
+            hooked = hook(path, body)
+            if isinstance(hooked, httpx2.Response):
+                return hooked
+            path, body = hooked
+        response = fake.handle(request.method, path, body, dict(request.headers))
+        import asyncio
+
+        content = asyncio.run(response.read())
+        return httpx2.Response(response.status, headers=response.headers, content=content)
+
+    client = openai.OpenAI(
+        base_url="http://vllm.test/v1",
+        api_key="x",
+        http_client=openai.DefaultHttpxClient(transport=httpx2.MockTransport(handler)),
+    )
+    return collector.wrap(client, sessions=sessions)
+
+
+def tool_loop(client: openai.OpenAI, turns: int = 3, **kwargs: Any) -> list[dict[str, Any]]:
+    """An agent loop that appends only: assistant turn, tool result, ..., final answer."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
+    for _ in range(turns):
+        response = client.chat.completions.create(
+            model=MODEL_NAME, messages=messages, tools=TOOLS, **kwargs
+        )
+        message = response.choices[0].message
+        messages.append(
+            message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+        )
+        if not message.tool_calls:
+            break
+        for call in message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "18C, sunny"})
+    return messages
+
+
+def extends(prev: tito.Call, nxt: tito.Call) -> bool:
+    head = np.concatenate((prev.prompt_ids, prev.sampled_ids))
+    return nxt.prompt_ids.shape[0] > head.shape[0] and bool(
+        np.array_equal(nxt.prompt_ids[: head.shape[0]], head)
+    )
+
+
+@pytest.fixture(scope="module")
+def drift_fake() -> FakeVLLM:
+    return FakeVLLM(FakeConfig(responder=responder, tokenization="drift", drift_rate=0.5))
+
+
+def test_without_sessions_drifted_history_breaks_the_prefix(drift_fake: FakeVLLM) -> None:
+    """Baseline: the server re-renders sampled text, so the next prompt does not extend it."""
+    collector = tito.Collector()
+    client = make_client(drift_fake, collector, sessions=False)
+    with collector.episode() as ep:
+        tool_loop(client)
+    first, second = ep.calls[:2]
+    assert not extends(first, second)
+    assert first.session is None
+
+
+def test_sessions_keep_every_turn_an_exact_prefix(drift_fake: FakeVLLM) -> None:
+    """With sessions each prompt is the previous prompt + the sampled ids + the new tokens."""
+    collector = tito.Collector()
+    client = make_client(drift_fake, collector)
+    with collector.episode() as ep:
+        messages = tool_loop(client)
+    calls = ep.calls
+    assert [c.session for c in calls] == [SessionNote.FIRST] + [SessionNote.TOKEN_IN] * (
+        len(calls) - 1
+    )
+    for prev, nxt in itertools.pairwise(calls):
+        assert extends(prev, nxt), nxt.session_reason
+    # the delta is exactly what the server's template renders for the appended messages
+    tok = load_tokenizer()
+    last = calls[-1]
+    head = len(calls[-2].prompt_ids) + len(calls[-2].sampled_ids)
+    full = tok.apply_chat_template(
+        messages[:-1], tools=TOOLS, add_generation_prompt=True, tokenize=False
+    )
+    assert tok.decode(last.prompt_ids[head:].tolist()) in full
+
+
+def test_truncated_turn_is_bridged_with_the_end_of_turn_token(drift_fake: FakeVLLM) -> None:
+    """A turn cut by max_tokens gets the end-of-turn token as context before the next message."""
+    collector = tito.Collector()
+    client = make_client(drift_fake, collector)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Hello?"}]
+    with collector.episode() as ep:
+        for max_tokens in (64, 3, 64):  # stop, then length, then a continuation
+            response = client.chat.completions.create(
+                model=MODEL_NAME, messages=messages, max_tokens=max_tokens
+            )
+            messages += [
+                {"role": "assistant", "content": response.choices[0].message.content},
+                {"role": "user", "content": "Go on."},
+            ]
+    stop, cut, after = ep.calls
+    assert (stop.finish_reason, cut.finish_reason) == ("stop", "length")
+    assert after.session == SessionNote.TOKEN_IN_BRIDGED
+    head = np.concatenate((cut.prompt_ids, cut.sampled_ids, [2]))
+    assert np.array_equal(after.prompt_ids[: head.shape[0]], head)
+
+
+def test_retry_of_the_same_messages_is_a_sibling_branch(drift_fake: FakeVLLM) -> None:
+    """Sending the same messages again reuses the earlier token prompt: a resample, not a break."""
+    collector = tito.Collector()
+    client = make_client(drift_fake, collector)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    with collector.episode() as ep:
+        client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS)
+        client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS, seed=2)
+    first, retry = ep.calls
+    assert retry.session == SessionNote.RESAMPLE
+    assert np.array_equal(first.prompt_ids, retry.prompt_ids)
+
+
+def test_rewritten_history_falls_back_with_a_reason(drift_fake: FakeVLLM) -> None:
+    """An agent that trims or edits history gets server rendering and the reason on the call."""
+    collector = tito.Collector()
+    client = make_client(drift_fake, collector)
+    with collector.episode() as ep:
+        messages = tool_loop(client, turns=2)
+        edited = copy.deepcopy(messages)
+        edited[0]["content"] = "Weather in Lima?"  # history rewritten
+        client.chat.completions.create(model=MODEL_NAME, messages=edited, tools=TOOLS)
+        edited_answer = copy.deepcopy(messages)
+        edited_answer[1]["tool_calls"][0]["function"]["arguments"] = '{"city": "Oslo"}'
+        client.chat.completions.create(model=MODEL_NAME, messages=edited_answer, tools=TOOLS)
+    rewritten, edited_call = ep.calls[-2:]
+    for call in (rewritten, edited_call):
+        assert call.session == SessionNote.FALLBACK
+        assert "not append-only" in (call.session_reason or "")
+
+
+def test_non_prefix_preserving_template_falls_back() -> None:
+    """A template that renders earlier turns differently once more are appended is detected."""
+    tokenizer = copy.deepcopy(load_tokenizer())
+    # a template that drops the content of every assistant turn but the last (like templates that
+    # strip earlier reasoning): appending a message changes how the previous turn renders
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'assistant' and not loop.last %}...{% else %}{{ m.content or '' }}"
+        "{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    fake = FakeVLLM(FakeConfig(responder=responder, tokenizer=tokenizer))
+    collector = tito.Collector()
+    client = make_client(fake, collector)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Hi"}]
+    with collector.episode() as ep:
+        answer = client.chat.completions.create(model=MODEL_NAME, messages=messages)
+        messages += [
+            {"role": "assistant", "content": answer.choices[0].message.content},
+            {"role": "user", "content": "And then?"},
+        ]
+        client.chat.completions.create(model=MODEL_NAME, messages=messages)
+    second = ep.calls[1]
+    assert second.session == SessionNote.FALLBACK
+    assert "does not preserve the prefix" in (second.session_reason or "")
+
+
+def test_server_without_tokenize_falls_back(drift_fake: FakeVLLM) -> None:
+    """No /tokenize on the server: every later call is rendered by the server, with the reason."""
+
+    def no_tokenize(path: str, body: bytes) -> tuple[str, bytes] | httpx2.Response:
+        if path == "/tokenize":
+            return httpx2.Response(404, json={"detail": "Not Found"})
+        return path, body
+
+    collector = tito.Collector()
+    client = make_client(drift_fake, collector, no_tokenize)
+    with collector.episode() as ep:
+        tool_loop(client, turns=2)
+    assert ep.calls[1].session == SessionNote.FALLBACK
+    assert "/tokenize failed" in (ep.calls[1].session_reason or "")
+    assert all(c.status is tito.CallStatus.COMPLETE for c in ep.calls)
+
+
+def test_server_ignoring_the_token_prompt_is_detected(drift_fake: FakeVLLM) -> None:
+    """A server that drops kv_transfer_params (vLLM < 0.27) is noticed; later calls don't try."""
+
+    def strip_token_in(path: str, body: bytes) -> tuple[str, bytes]:
+        if path.endswith("/chat/completions"):
+            payload = json.loads(body)
+            payload.pop("kv_transfer_params", None)
+            body = json.dumps(payload).encode()
+        return path, body
+
+    collector = tito.Collector()
+    client = make_client(drift_fake, collector, strip_token_in)
+    with collector.episode() as ep:
+        messages = tool_loop(client, turns=3)
+        messages.append({"role": "user", "content": "Thanks. And tomorrow?"})
+        client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS)
+    assert ep.calls[1].session == SessionNote.FALLBACK
+    assert "ignored the token prompt" in (ep.calls[1].session_reason or "")
+    assert "ignores kv_transfer_params" in (ep.calls[2].session_reason or "")
+
+
+async def test_async_streaming_sessions(drift_fake: FakeVLLM) -> None:
+    """Streaming async calls keep exact prefixes too (the assistant message is rebuilt from
+    deltas to check append-only)."""
+    import asyncio
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        response = drift_fake.handle(
+            request.method, request.url.path, request.content, dict(request.headers)
+        )
+        if response.stream is None:
+            return httpx2.Response(response.status, headers=response.headers, content=response.body)
+        return httpx2.Response(response.status, headers=response.headers, content=response.stream)
+
+    collector = tito.Collector()
+    client = collector.wrap(
+        openai.AsyncOpenAI(
+            base_url="http://vllm.test/v1",
+            api_key="x",
+            http_client=openai.DefaultAsyncHttpxClient(transport=httpx2.MockTransport(handler)),
+        ),
+        sessions=True,
+    )
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
+    async with collector.episode() as ep:
+        for _ in range(2):
+            stream = await client.chat.completions.create(
+                model=MODEL_NAME, messages=messages, tools=TOOLS, stream=True
+            )
+            content, calls = "", {}
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    content += choice.delta.content or ""
+                    for tc in choice.delta.tool_calls or []:
+                        slot = calls.setdefault(tc.index, {"id": None, "name": "", "args": ""})
+                        slot["id"] = tc.id or slot["id"]
+                        slot["name"] += tc.function.name or "" if tc.function else ""
+                        slot["args"] += (tc.function.arguments or "") if tc.function else ""
+            tool_calls = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["args"]},
+                }
+                for c in calls.values()
+            ]
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": content or None,
+                    **({"tool_calls": tool_calls} if tool_calls else {}),
+                }
+            )
+            for c in tool_calls:
+                messages.append({"role": "tool", "tool_call_id": c["id"], "content": "sunny"})
+        await asyncio.sleep(0)
+    await client.close()
+    first, second = ep.calls
+    assert second.session == SessionNote.TOKEN_IN, second.session_reason
+    assert extends(first, second)

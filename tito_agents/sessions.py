@@ -8,9 +8,11 @@ messages + the assistant message that answered it + new messages) is turned into
     prompt = previous prompt ids + previous sampled ids [+ end-of-turn bridge] + delta
 
 where `delta` are the tokens of the new messages, computed from the server's own chat template with
-two `/tokenize` calls (no local tokenizer): the conversation ending with the previous assistant turn
-(cut after its end-of-turn token) and the same with the new messages and the generation prompt; the
-first must be a prefix of the second. The prompt goes to vLLM 0.32 as
+`/tokenize` (no local tokenizer): the conversation ending with the previous assistant turn (cut after
+its end-of-turn token) and the same with the new messages and the generation prompt; the first must
+be a prefix of the second. That check runs the first time each kind of tail (its roles, the tools)
+is appended in a session; later tails of the same kind need one render, cut after as many
+end-of-turn tokens as the conversation already holds. The prompt goes to vLLM 0.32 as
 `kv_transfer_params.prompt_token_ids`, which replaces the rendered prompt while `messages` still
 drive tool parsing, so the response stays an ordinary chat completion.
 
@@ -84,6 +86,8 @@ class Session:
     turns: list[Turn] = field(default_factory=list)
     end_of_turn_id: int | None = None
     server_ignores_token_in: bool = False
+    verified: set[tuple[Any, ...]] = field(default_factory=set)
+    """Appended-tail shapes (roles, tools) whose prefix preservation was checked with two renders."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_turn(self, turn: Turn) -> None:
@@ -191,36 +195,56 @@ def plan(session: Session, payload: dict[str, Any]) -> Plan:
         common["chat_template_kwargs"] = payload["chat_template_kwargs"]
     if payload.get("model"):
         common["model"] = payload["model"]
-    before = {**common, "messages": messages[: k + 1], "add_generation_prompt": False}
     after = {
         **common,
         "messages": messages,
         "add_generation_prompt": payload.get("add_generation_prompt", True) is not False,
     }
-    rendered_before, rendered_after = yield [before, after]
-    if rendered_before is None or rendered_after is None:
-        return SessionDecision(None, SessionNote.FALLBACK, "the server's /tokenize failed")
     eot = session.end_of_turn_id
     if eot is None:
         return SessionDecision(None, SessionNote.FALLBACK, "end-of-turn token not known yet")
-    a = np.asarray(rendered_before, dtype=np.int32)
-    b = np.asarray(rendered_after, dtype=np.int32)
-    ends = np.flatnonzero(a == eot)
-    if ends.size == 0:
-        return SessionDecision(
-            None, SessionNote.FALLBACK, "the template renders no end-of-turn token after the turn"
-        )
-    cut = int(ends[-1]) + 1
-    if b.shape[0] < cut or not np.array_equal(a[:cut], b[:cut]):
-        roles = ",".join(str(m.get("role")) for m in messages[k + 1 :] if isinstance(m, Mapping))
-        return SessionDecision(
-            None,
-            SessionNote.FALLBACK,
-            f"the template does not preserve the prefix when appending [{roles}]",
-        )
-    delta = b[cut:]
+    roles = tuple(str(m.get("role")) for m in messages[k + 1 :] if isinstance(m, Mapping))
+    shape = (roles, tools_key(payload), orjson.dumps(payload.get("chat_template_kwargs")))
     sampled = parent.sampled_ids
     bridged = not (sampled.shape[0] and int(sampled[-1]) == eot)
+    if shape in session.verified:
+        # this kind of tail was checked before: one render, cut after as many end-of-turn
+        # tokens as the conversation so far holds
+        (rendered_after,) = yield [after]
+        if rendered_after is None:
+            return SessionDecision(None, SessionNote.FALLBACK, "the server's /tokenize failed")
+        b = np.asarray(rendered_after, dtype=np.int32)
+        turns_so_far = int(np.count_nonzero(parent.prompt_ids == eot))
+        turns_so_far += int(np.count_nonzero(sampled == eot)) + int(bridged)
+        ends = np.flatnonzero(b == eot)
+        if ends.shape[0] < turns_so_far or turns_so_far == 0:
+            session.verified.discard(shape)
+            return SessionDecision(
+                None, SessionNote.FALLBACK, "the rendering has fewer turns than the conversation"
+            )
+        cut = int(ends[turns_so_far - 1]) + 1
+    else:
+        before = {**common, "messages": messages[: k + 1], "add_generation_prompt": False}
+        rendered_before, rendered_after = yield [before, after]
+        if rendered_before is None or rendered_after is None:
+            return SessionDecision(None, SessionNote.FALLBACK, "the server's /tokenize failed")
+        a = np.asarray(rendered_before, dtype=np.int32)
+        b = np.asarray(rendered_after, dtype=np.int32)
+        ends = np.flatnonzero(a == eot)
+        if ends.size == 0:
+            return SessionDecision(
+                None, SessionNote.FALLBACK, "the template renders no end-of-turn token after the turn"
+            )
+        cut = int(ends[-1]) + 1
+        if b.shape[0] < cut or not np.array_equal(a[:cut], b[:cut]):
+            return SessionDecision(
+                None,
+                SessionNote.FALLBACK,
+                f"the template does not preserve the prefix when appending [{','.join(roles)}]",
+            )
+        with session.lock:
+            session.verified.add(shape)
+    delta = b[cut:]
     pieces = [parent.prompt_ids, sampled]
     if bridged:
         pieces.append(np.array([eot], dtype=np.int32))

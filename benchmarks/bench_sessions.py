@@ -13,6 +13,7 @@ Usage: python benchmarks/bench_sessions.py [--episodes N] [--base-url URL] [--ch
 from __future__ import annotations
 
 import argparse
+import itertools
 import socket
 import statistics
 import subprocess
@@ -89,7 +90,7 @@ def run_episode(
 def breaks(ep: tito.Episode) -> int:
     calls = sorted(ep.calls, key=lambda c: c.seq)
     count = 0
-    for prev, nxt in zip(calls, calls[1:], strict=False):
+    for prev, nxt in itertools.pairwise(calls):
         head = np.concatenate((prev.prompt_ids, prev.sampled_ids))
         n = head.shape[0]
         if not (nxt.prompt_ids.shape[0] >= n and np.array_equal(nxt.prompt_ids[:n], head)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from tito_agents._capture import ErrorPolicy, OutsideEpisode
 from tito_agents.calls import Call, CallStatus, Endpoint
 from tito_agents.collector import CaptureStats, Collector
+from tito_agents.divergence import DivergenceKind
 from tito_agents.episodes import (
     Attribution,
     ContextThreadPoolExecutor,
@@ -40,12 +41,20 @@ from tito_agents.errors import (
     TitoError,
     TokenCountMismatchError,
 )
+from tito_agents.merge import (
+    AssemblyReport,
+    Divergence,
+    assemble,
+    assembly_report,
+    merged_samples,
+)
 from tito_agents.samples import CallSpan, Sample
 from tito_agents.sinks import CallbackSink, JsonlSink, MemorySink, Sink, read_samples
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AssemblyReport",
     "Attribution",
     "Call",
     "CallSpan",
@@ -56,6 +65,8 @@ __all__ = [
     "Collector",
     "ConfigurationError",
     "ContextThreadPoolExecutor",
+    "Divergence",
+    "DivergenceKind",
     "Endpoint",
     "Episode",
     "EpisodeCaptureError",
@@ -76,10 +87,13 @@ __all__ = [
     "TokenCountMismatchError",
     "__version__",
     "agent",
+    "assemble",
+    "assembly_report",
     "bind",
     "current_agent",
     "current_episode",
     "labels",
+    "merged_samples",
     "read_samples",
     "register_resolver",
     "unregister_resolver",

@@ -26,6 +26,7 @@ from tito_agents.sessions import Session
 
 if TYPE_CHECKING:
     from tito_agents.collector import Collector
+    from tito_agents.merge import Divergence
 
 logger = logging.getLogger("tito_agents")
 
@@ -172,6 +173,8 @@ class EpisodeReport:
     samples: int = 0
     tokens: int = 0
     trained_tokens: int = 0
+    divergences: dict[str, int] = field(default_factory=dict)
+    """Merged assembly: how many times each kind of divergence split a sample."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -207,6 +210,8 @@ class Episode:
         self.reward: float | None = None
         self.calls: list[Call] = []
         self.errors: list[CaptureError] = []
+        self.divergences: list[Divergence] = []
+        """Where merged samples split, and why (filled when the episode ends in merged mode)."""
         self.report = EpisodeReport(self.episode_id)
         self.closed = False
         self._lock = threading.Lock()

@@ -310,3 +310,34 @@ async def test_async_streaming_sessions(drift_fake: FakeVLLM) -> None:
     first, second = ep.calls
     assert second.session == SessionNote.TOKEN_IN, second.session_reason
     assert extends(first, second)
+
+
+def test_sessions_and_merged_assembly_give_one_exact_sample_per_agent(
+    drift_fake: FakeVLLM,
+) -> None:
+    """With sessions, an append-only episode merges into one sample per agent whose tokens are
+    the first prompt, then each turn's sampled ids and prompt delta; without, it splits."""
+    for sessions, expected in ((True, 1), (False, None)):
+        collector = tito.Collector(assembly="merged", tokenizer=load_tokenizer())
+        client = make_client(drift_fake, collector, sessions=sessions)
+        with collector.episode() as ep:
+            with tito.agent("solver"):
+                tool_loop(client)
+            with tito.agent("checker"):
+                client.chat.completions.create(
+                    model=MODEL_NAME, messages=[{"role": "user", "content": "Check it."}]
+                )
+        samples = collector.sink.samples  # type: ignore[attr-defined]
+        solver = [s for s in samples if s.agent == "solver"]
+        if expected is not None:
+            assert len(solver) == expected and ep.divergences == []
+            (sample,) = solver
+            calls = sorted((c for c in ep.calls if c.agent == "solver"), key=lambda c: c.seq)
+            want = np.concatenate((calls[-1].prompt_ids, calls[-1].sampled_ids))
+            assert np.array_equal(sample.token_ids, want)
+            trained = np.concatenate([c.sampled_ids for c in calls])
+            assert np.array_equal(sample.token_ids[sample.loss_mask.astype(bool)], trained)
+        else:
+            assert len(solver) > 1
+            assert ep.report.divergences  # each break is reported by kind
+        assert len([s for s in samples if s.agent == "checker"]) == 1

@@ -1,0 +1,615 @@
+"""Merged assembly: an agent's calls as few long samples, split only where a prompt rewrites history.
+
+Pure functions, no I/O. `merged_samples` turns an episode's calls into samples and the divergences
+that split them; `assembly_report` summarises both; `assemble` picks per-call, merged or both.
+
+Grouping and order
+    Only complete calls (`CallStatus.COMPLETE`) are used, grouped by `agent` (None is a group of its
+    own) and taken in request order `(seq, choice_index)`. A call id seen twice is used once.
+
+Chains (one chain = one sample)
+    A chain's *tip* is its last call's prompt ids + sampled ids, which are exactly the sample's
+    `token_ids`. A call whose prompt starts with a chain's tip *extends* it: the rest of the prompt
+    (tool results, user turns, template glue) is appended with loss 0, then the call's sampled ids with
+    loss 1. When several tips fit, the longest wins (ties: the chain extended most recently). Every
+    chain stays open, so a call can continue any branch, not only the latest one.
+
+Divergence (the rewrite point)
+    A call that extends no tip starts a new chain: its whole prompt is context (loss 0) and only its
+    own sampled ids are trained. Nothing is lost: the chain it left keeps its ids as a sample of its
+    own, so every sampled token of the episode is trained in exactly one sample. Its *parent* is the
+    chain whose tip shares the longest common prefix with the prompt (ties, e.g. `n > 1` siblings:
+    the chain whose ids after that prefix reappear most in the prompt, i.e. the sibling the agent
+    continued, then the most recent). The rewrite point is that prefix length, and
+    `tito_agents.divergence` names the kind, first match wins: `RESAMPLE` (the prompt equals the
+    prompt of an earlier call of the agent, in any chain: retries and `n > 1` choices become sibling
+    samples, all kept), `BRANCH` (the call was sent before the parent's last call returned and holds
+    none of its sampled ids: a parallel sub-call), then `TRUNCATION`, `RETOKENIZED`,
+    `TEMPLATE_RERENDER`, `HISTORY_REWRITE`, `OTHER`. Branching from an earlier point of the history
+    (backtracking) is a divergence like any other: same samples, the kind says where the prompt left
+    the history.
+
+Reasons
+    `start_reason` is `"episode_start"` for an agent's first sample, else the kind of the divergence
+    that started it (`"retokenized"`, `"resample"`, ...). `end_reason` is the kind of the last divergence
+    that left the chain after its last call, or `"end"` when none did.
+
+Rewards
+    `reward = episode_reward + sum_k turn_discount**k * r_k`, over the sample's calls k = 0, 1, ... in
+    order, where `r_k` is the call's own reward (unset counts 0). The episode reward is the outcome of
+    the whole episode, shared undiscounted by every sample (like a rollout-level advantage); per-call
+    rewards are discounted from the sample's first call (the return seen from where the sample starts).
+    The reward is None only when the episode reward and every call reward are unset. Unlike per-call
+    mode (a call's reward replaces the episode's), the two add up. Each `CallSpan` keeps the call's own
+    reward, policy version and finish reason, so a token-level trainer can put `r_k` at `span.end - 1`.
+
+Logprobs
+    A sample has logprobs when every call in it has them (one per sampled id): the rollout logprob at
+    trained positions, 0.0 elsewhere. Otherwise `logprobs` is None rather than a made-up value.
+
+Sample ids
+    `sample_id_for(episode_id, call_ids, salt="merged")`: deterministic, and never equal to a per-call
+    sample id, so mode "both" can write both kinds to one sink.
+
+Cost: O(total prompt + sampled ids) numpy comparisons (each prompt against the tips it could extend;
+a one-id check rejects most others), one concatenation per sample, Python work per call, not per
+token; each divergence looks at a bounded window (`divergence.TEXT_WINDOW_TOKENS`) after its rewrite
+point.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from tito_agents.assembly import per_call_samples
+from tito_agents.calls import Call, CallStatus, IdArray
+from tito_agents.divergence import (
+    END,
+    EPISODE_START,
+    TEXT_WINDOW_TOKENS,
+    Decode,
+    DivergenceKind,
+    classify_rewrite,
+    common_prefix_len,
+    excerpt,
+)
+from tito_agents.samples import CallSpan, Sample, finite_or_none, sample_id_for
+
+__all__ = [
+    "END",
+    "EPISODE_START",
+    "AssemblyMode",
+    "AssemblyReport",
+    "Divergence",
+    "DivergenceKind",
+    "assemble",
+    "assembly_report",
+    "merged_reward",
+    "merged_samples",
+]
+
+MERGED_SALT = "merged"
+_REUSE_WINDOW = 256
+AssemblyMode = Literal["per_call", "merged", "both"]
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where and why one call's prompt stopped extending its agent's history."""
+
+    episode_id: str
+    agent: str | None
+    call_id: str
+    """The call whose prompt diverged; it starts sample `sample_id`."""
+    prev_call_id: str
+    """The call it was compared with: the parent chain's last call, or for a resample the earlier
+    call with the same prompt."""
+    rewrite_point: int
+    """Position in the new prompt where it differs from the parent's ids (for a resample: the
+    prompt length, where the two samplings start)."""
+    kind: DivergenceKind
+    excerpt: str
+    """Decoded tokens around the break, old vs new (ids when no decode was given)."""
+    sample_id: str
+    prev_sample_id: str
+    """The sample holding `prev_call_id`; it keeps its trained ids."""
+
+    @property
+    def position(self) -> int:
+        """Alias of `rewrite_point`."""
+        return self.rewrite_point
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "episode_id": self.episode_id,
+            "agent": self.agent,
+            "call_id": self.call_id,
+            "prev_call_id": self.prev_call_id,
+            "rewrite_point": self.rewrite_point,
+            "kind": self.kind.value,
+            "excerpt": self.excerpt,
+            "sample_id": self.sample_id,
+            "prev_sample_id": self.prev_sample_id,
+        }
+
+
+@dataclass(slots=True)
+class _Chain:
+    """One growing sample of one agent. Its tip is `calls[-1].prompt_ids + calls[-1].sampled_ids`."""
+
+    calls: list[Call]
+    context_starts: list[int]
+    starts: dict[int, int]
+    """Start of each call's sampled ids -> index in `calls` (finds resamples)."""
+    start_reason: str
+    tip_len: int
+    tip_last: int
+    touched: int
+    end_reason: str = END
+
+    @classmethod
+    def first(cls, call: Call, start_reason: str, clock: int) -> _Chain:
+        chain = cls([], [], {}, start_reason, 0, -1, clock)
+        chain.append(call, clock)
+        return chain
+
+    def append(self, call: Call, clock: int) -> None:
+        start = int(call.prompt_ids.shape[0])
+        self.context_starts.append(self.tip_len)
+        self.starts.setdefault(start, len(self.calls))
+        self.calls.append(call)
+        self.tip_len = start + int(call.sampled_ids.shape[0])
+        tip = call.sampled_ids if call.sampled_ids.size else call.prompt_ids
+        self.tip_last = int(tip[-1]) if tip.size else -1
+        self.touched = clock
+        self.end_reason = END
+
+    def extended_by(self, prompt_ids: IdArray) -> bool:
+        """Whether `prompt_ids` starts with this chain's tip."""
+        tip_len = self.tip_len
+        if tip_len > prompt_ids.shape[0]:
+            return False
+        if tip_len and int(prompt_ids[tip_len - 1]) != self.tip_last:
+            return False  # O(1) reject: most non-matching tips differ in their last id
+        last = self.calls[-1]
+        head = int(last.prompt_ids.shape[0])
+        # The short sampled span first: a chain left behind by a divergence usually fails there.
+        return bool(
+            np.array_equal(prompt_ids[head:tip_len], last.sampled_ids)
+            and np.array_equal(prompt_ids[:head], last.prompt_ids)
+        )
+
+    def common_prefix(self, prompt_ids: IdArray) -> int:
+        """Longest common prefix of `prompt_ids` and the tip."""
+        last = self.calls[-1]
+        k = common_prefix_len(prompt_ids, last.prompt_ids)
+        if k < last.prompt_ids.shape[0]:
+            return k
+        return k + common_prefix_len(prompt_ids[k:], last.sampled_ids)
+
+    def tail(self, position: int, limit: int | None = None) -> IdArray:
+        """The tip's ids from `position` on (at most `limit` of them)."""
+        last = self.calls[-1]
+        head = int(last.prompt_ids.shape[0])
+        if position >= head:
+            return last.sampled_ids[position - head :][:limit]
+        if limit is not None and position + limit <= head:
+            return last.prompt_ids[position : position + limit]
+        return np.concatenate((last.prompt_ids[position:], last.sampled_ids))[:limit]
+
+
+@dataclass(slots=True)
+class _Break:
+    call: Call
+    prev_call: Call
+    parent: _Chain
+    child: _Chain
+    rewrite_point: int
+    kind: DivergenceKind
+    excerpt: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    decode: Decode | None
+    special_ids: frozenset[int]
+    eos_ids: frozenset[int]
+
+
+def merged_samples(
+    calls: Iterable[Call],
+    *,
+    episode_id: str,
+    episode_reward: float | None,
+    task_id: str | None = None,
+    group_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    turn_discount: float = 1.0,
+    decode: Decode | None = None,
+    special_ids: Iterable[int] | None = None,
+    eos_ids: Iterable[int] | None = None,
+) -> tuple[list[Sample], list[Divergence]]:
+    """Merged samples of an episode's complete calls, and the divergences that split them.
+
+    `decode` (a tokenizer's decode), `special_ids` and `eos_ids` only sharpen the divergence kinds
+    and excerpts; the samples' ids never depend on them. Samples come in order of their first call,
+    divergences in order of the diverging call. See the module docstring for the rules.
+    """
+    discount = _check_discount(turn_discount)
+    episode_reward = finite_or_none(episode_reward)
+    options = _Options(decode, frozenset(special_ids or ()), frozenset(eos_ids or ()))
+    groups: dict[str | None, list[Call]] = {}
+    seen: set[str] = set()
+    complete = sorted(
+        (c for c in calls if c.status is CallStatus.COMPLETE), key=lambda c: (c.seq, c.choice_index)
+    )
+    for call in complete:
+        if call.call_id not in seen:
+            seen.add(call.call_id)
+            groups.setdefault(call.agent, []).append(call)
+
+    chains: list[_Chain] = []
+    breaks: list[_Break] = []
+    for agent_calls in groups.values():
+        _chain_agent(agent_calls, options, chains, breaks)
+
+    chains.sort(key=lambda ch: (ch.calls[0].seq, ch.calls[0].choice_index))
+    samples: list[Sample] = []
+    sample_ids: dict[int, str] = {}
+    for chain in chains:
+        sample = _chain_sample(
+            chain,
+            episode_id=episode_id,
+            episode_reward=episode_reward,
+            discount=discount,
+            task_id=task_id,
+            group_id=group_id,
+            metadata=metadata,
+        )
+        sample_ids[id(chain)] = sample.sample_id
+        samples.append(sample)
+
+    breaks.sort(key=lambda b: (b.call.seq, b.call.choice_index))
+    divergences = [
+        Divergence(
+            episode_id=episode_id,
+            agent=b.call.agent,
+            call_id=b.call.call_id,
+            prev_call_id=b.prev_call.call_id,
+            rewrite_point=b.rewrite_point,
+            kind=b.kind,
+            excerpt=b.excerpt,
+            sample_id=sample_ids[id(b.child)],
+            prev_sample_id=sample_ids[id(b.parent)],
+        )
+        for b in breaks
+    ]
+    return samples, divergences
+
+
+def _chain_agent(
+    calls: list[Call], options: _Options, out_chains: list[_Chain], out_breaks: list[_Break]
+) -> None:
+    """Split one agent's ordered calls into chains, recording a break for each new chain but the first."""
+    chains: list[_Chain] = []
+    # n > 1 choices share one prompt array object: their resamples are found without comparing ids.
+    by_prompt_object: dict[int, tuple[_Chain, Call]] = {}
+    for clock, call in enumerate(calls):
+        prompt_ids = call.prompt_ids
+        chain = _extended_chain(chains, prompt_ids)
+        if chain is not None:
+            chain.append(call, clock)
+        elif not chains:
+            chain = _Chain.first(call, EPISODE_START, clock)
+            chains.append(chain)
+        else:
+            parent, prev_call, point, kind, text = _diagnose(
+                call, chains, by_prompt_object.get(id(prompt_ids)), options
+            )
+            chain = _Chain.first(call, kind.value, clock)
+            parent.end_reason = kind.value
+            out_breaks.append(_Break(call, prev_call, parent, chain, point, kind, text))
+            chains.append(chain)
+        by_prompt_object.setdefault(id(prompt_ids), (chain, call))
+    out_chains.extend(chains)
+
+
+def _extended_chain(chains: list[_Chain], prompt_ids: IdArray) -> _Chain | None:
+    """The chain whose tip the prompt extends: the longest tip, ties to the latest touched."""
+    best: _Chain | None = None
+    for chain in chains:
+        if best is not None and (chain.tip_len, chain.touched) < (best.tip_len, best.touched):
+            continue
+        if chain.extended_by(prompt_ids):
+            best = chain
+    return best
+
+
+def _diagnose(
+    call: Call,
+    chains: list[_Chain],
+    same_prompt: tuple[_Chain, Call] | None,
+    options: _Options,
+) -> tuple[_Chain, Call, int, DivergenceKind, str]:
+    """Parent chain, compared call, rewrite point, kind and excerpt of a call that extends no tip."""
+    prompt_ids = call.prompt_ids
+    n = int(prompt_ids.shape[0])
+    resample = same_prompt
+    parent: _Chain | None = None
+    point = -1
+    if resample is None:
+        tied: list[_Chain] = []
+        for chain in chains:
+            lcp = chain.common_prefix(prompt_ids)
+            if lcp == n and resample is None and n in chain.starts:
+                resample = (chain, chain.calls[chain.starts[n]])
+            if lcp > point:
+                point, tied = lcp, [chain]
+            elif lcp == point:
+                tied.append(chain)
+        parent = (
+            max(
+                tied,
+                key=lambda ch: (
+                    _reuse(ch.tail(point, _REUSE_WINDOW), prompt_ids[point:]),
+                    ch.touched,
+                ),
+            )
+            if len(tied) > 1
+            else tied[0]
+        )
+    if resample is not None:
+        chain, prev_call = resample
+        text = excerpt(prompt_ids, n, prev_call.sampled_ids, call.sampled_ids, options.decode)
+        return chain, prev_call, n, DivergenceKind.RESAMPLE, text
+    assert parent is not None  # chains is not empty
+    prev_call = parent.calls[-1]
+    # Classification looks at a bounded window after the rewrite point (one more id says "cut").
+    old_tail = parent.tail(point, TEXT_WINDOW_TOKENS + 1)
+    new_tail = prompt_ids[point:]
+    last_start = int(prev_call.prompt_ids.shape[0])
+    if call.started_at < prev_call.ended_at and point <= last_start:
+        kind = DivergenceKind.BRANCH  # sent before `prev_call` returned, and holds none of its ids
+    else:
+        kind = classify_rewrite(
+            old_tail,
+            new_tail,
+            rewrite_point=point,
+            last_start=last_start,
+            last_end=parent.tip_len,
+            last_finish_reason=prev_call.finish_reason,
+            last_sampled_ids=prev_call.sampled_ids,
+            decode=options.decode,
+            special_ids=options.special_ids,
+            eos_ids=options.eos_ids,
+        )
+    text = excerpt(prompt_ids, point, old_tail, new_tail, options.decode)
+    return parent, prev_call, point, kind, text
+
+
+def _reuse(old_ids: IdArray, new_ids: IdArray) -> int:
+    """How many of the old ids reappear in the new prompt's next ids: which sibling was continued."""
+    pool = set(new_ids[: 4 * _REUSE_WINDOW].tolist())
+    return sum(1 for token in old_ids[:_REUSE_WINDOW].tolist() if token in pool)
+
+
+def _chain_sample(
+    chain: _Chain,
+    *,
+    episode_id: str,
+    episode_reward: float | None,
+    discount: float,
+    task_id: str | None,
+    group_id: str | None,
+    metadata: dict[str, Any] | None,
+) -> Sample:
+    """The sample of a finished chain: one concatenation for the ids, one slice write per call."""
+    last = chain.calls[-1]
+    token_ids = np.concatenate((last.prompt_ids, last.sampled_ids), dtype=np.int32)
+    total = int(token_ids.shape[0])
+    loss_mask = np.zeros(total, dtype=np.uint8)
+    with_logprobs = all(
+        c.logprobs is not None and c.logprobs.shape == c.sampled_ids.shape for c in chain.calls
+    )
+    logprobs = np.zeros(total, dtype=np.float32) if with_logprobs else None
+    spans: list[CallSpan] = []
+    for call, context_start in zip(chain.calls, chain.context_starts, strict=True):
+        start = int(call.prompt_ids.shape[0])
+        end = start + int(call.sampled_ids.shape[0])
+        loss_mask[start:end] = 1
+        if logprobs is not None and call.logprobs is not None:
+            logprobs[start:end] = call.logprobs
+        spans.append(
+            CallSpan(
+                call_id=call.call_id,
+                context_start=context_start,
+                start=start,
+                end=end,
+                finish_reason=call.finish_reason,
+                reward=call.reward,
+                policy_version=call.policy_version,
+            )
+        )
+    call_ids = [c.call_id for c in chain.calls]
+    meta = dict(metadata or {})
+    labels = {c.call_id: c.labels for c in chain.calls if c.labels}
+    if labels:
+        meta["call_labels"] = labels
+    return Sample(
+        sample_id=sample_id_for(episode_id, call_ids, salt=MERGED_SALT),
+        episode_id=episode_id,
+        agent=last.agent,
+        token_ids=token_ids,
+        loss_mask=loss_mask,
+        logprobs=logprobs,
+        reward=merged_reward([c.reward for c in chain.calls], episode_reward, discount),
+        call_ids=call_ids,
+        spans=spans,
+        task_id=task_id,
+        group_id=group_id,
+        model=next((c.model for c in chain.calls if c.model is not None), None),
+        start_reason=chain.start_reason,
+        end_reason=chain.end_reason,
+        metadata=meta,
+    )
+
+
+def merged_reward(
+    call_rewards: Sequence[float | None], episode_reward: float | None, turn_discount: float = 1.0
+) -> float | None:
+    """`episode_reward + sum_k turn_discount**k * call_rewards[k]` (unset terms count 0).
+
+    None when the episode reward and every call reward are unset.
+    """
+    discount = _check_discount(turn_discount)
+    if episode_reward is None and all(r is None for r in call_rewards):
+        return None
+    total = 0.0 if episode_reward is None else float(episode_reward)
+    weight = 1.0
+    for reward in call_rewards:
+        if reward is not None:
+            total += weight * float(reward)
+        weight *= discount
+    return total
+
+
+def _check_discount(turn_discount: float) -> float:
+    value = float(turn_discount)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"turn_discount must be in [0, 1], got {turn_discount!r}")
+    return value
+
+
+def assemble(
+    calls: Iterable[Call],
+    *,
+    mode: AssemblyMode = "per_call",
+    episode_id: str,
+    episode_reward: float | None,
+    task_id: str | None = None,
+    group_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    turn_discount: float = 1.0,
+    decode: Decode | None = None,
+    special_ids: Iterable[int] | None = None,
+    eos_ids: Iterable[int] | None = None,
+) -> tuple[list[Sample], list[Divergence]]:
+    """An episode's samples in the chosen mode: "per_call", "merged" or "both" (per-call first).
+
+    Per-call mode reports no divergences. `turn_discount`, `decode`, `special_ids` and `eos_ids`
+    only apply to merged samples.
+    """
+    if mode not in ("per_call", "merged", "both"):
+        raise ValueError(f"mode must be 'per_call', 'merged' or 'both', got {mode!r}")
+    calls = list(calls)
+    samples: list[Sample] = []
+    divergences: list[Divergence] = []
+    if mode in ("per_call", "both"):
+        samples.extend(
+            per_call_samples(
+                calls,
+                episode_id=episode_id,
+                episode_reward=episode_reward,
+                task_id=task_id,
+                group_id=group_id,
+                metadata=metadata,
+            )
+        )
+    if mode in ("merged", "both"):
+        merged, divergences = merged_samples(
+            calls,
+            episode_id=episode_id,
+            episode_reward=episode_reward,
+            task_id=task_id,
+            group_id=group_id,
+            metadata=metadata,
+            turn_discount=turn_discount,
+            decode=decode,
+            special_ids=special_ids,
+            eos_ids=eos_ids,
+        )
+        samples.extend(merged)
+    return samples, divergences
+
+
+@dataclass(slots=True)
+class AssemblyReport:
+    """Counts over samples and divergences (one episode or many), for logs and dashboards."""
+
+    episodes: int = 0
+    calls: int = 0
+    samples: int = 0
+    samples_per_episode: float = 0.0
+    tokens: int = 0
+    trained_tokens: int = 0
+    start_reasons: dict[str, int] = field(default_factory=dict)
+    end_reasons: dict[str, int] = field(default_factory=dict)
+    divergences_by_kind: dict[str, int] = field(default_factory=dict)
+    positions_by_kind: dict[str, list[int]] = field(default_factory=dict)
+    divergences: list[dict[str, Any]] = field(default_factory=list)
+    """Each divergence as `Divergence.to_dict()`, excerpt included."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "episodes": self.episodes,
+            "calls": self.calls,
+            "samples": self.samples,
+            "samples_per_episode": self.samples_per_episode,
+            "tokens": self.tokens,
+            "trained_tokens": self.trained_tokens,
+            "start_reasons": dict(self.start_reasons),
+            "end_reasons": dict(self.end_reasons),
+            "divergences_by_kind": dict(self.divergences_by_kind),
+            "positions_by_kind": {k: list(v) for k, v in self.positions_by_kind.items()},
+            "divergences": [dict(d) for d in self.divergences],
+        }
+
+    def format(self) -> str:
+        """A few human-readable lines: totals, divergences by kind, one line per divergence."""
+        lines = [
+            f"{self.episodes} episode(s), {self.calls} call(s) -> {self.samples} sample(s) "
+            f"({self.samples_per_episode:.2f} per episode), {self.tokens} tokens, "
+            f"{self.trained_tokens} trained"
+        ]
+        if self.divergences_by_kind:
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.divergences_by_kind.items()))
+            lines.append(f"divergences: {kinds}")
+        for d in self.divergences:
+            agent = "" if d["agent"] is None else f" agent={d['agent']}"
+            lines.append(
+                f"  {d['kind']}{agent} call={d['call_id']} after {d['prev_call_id']}: {d['excerpt']}"
+            )
+        return "\n".join(lines)
+
+
+def assembly_report(
+    samples: Iterable[Sample], divergences: Iterable[Divergence] = ()
+) -> AssemblyReport:
+    """Calls, samples, samples per episode, tokens, reasons and divergences by kind with positions."""
+    samples = list(samples)
+    divergences = list(divergences)
+    episodes = {s.episode_id for s in samples} | {d.episode_id for d in divergences}
+    call_ids = {c for s in samples for c in s.call_ids}
+    by_kind: Counter[str] = Counter()
+    positions: dict[str, list[int]] = {}
+    for d in divergences:
+        by_kind[d.kind.value] += 1
+        positions.setdefault(d.kind.value, []).append(d.rewrite_point)
+    return AssemblyReport(
+        episodes=len(episodes),
+        calls=len(call_ids),
+        samples=len(samples),
+        samples_per_episode=len(samples) / len(episodes) if episodes else 0.0,
+        tokens=sum(s.num_tokens for s in samples),
+        trained_tokens=sum(s.num_trained for s in samples),
+        start_reasons=dict(Counter(s.start_reason for s in samples)),
+        end_reasons=dict(Counter(s.end_reason for s in samples)),
+        divergences_by_kind=dict(by_kind),
+        positions_by_kind=positions,
+        divergences=[d.to_dict() for d in divergences],
+    )

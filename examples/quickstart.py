@@ -41,7 +41,10 @@ TOOLS = [
                 "type": "object",
                 "properties": {"city": {"type": "string", "description": "The city name"}},
                 "required": ["city"],
+                "additionalProperties": False,
             },
+            # strict: with a forced tool choice vLLM then constrains the arguments to the schema
+            "strict": True,
         },
     }
 ]

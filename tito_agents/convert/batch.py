@@ -1,0 +1,338 @@
+"""Padded batches: whole sequences padded left or right, or split into a left-padded prompt and a
+right-padded response (the verl / TRL layout).
+
+Pure functions over `Sample`s; numpy out, torch on request (`.to_torch()`). Each field is one
+preallocated `[B, W]` array filled by one slice assignment per sample, so collating costs a memcpy
+per sample and field, not Python work per token. Arrays stay unshifted (position t holds token t,
+its loss bit and its rollout logprob); `.shifted()` gives the next-token layout a loss needs.
+
+Padding conventions (`reference/trainer-formats.md` §3): pads carry id `pad_id`, attention 0, loss 0
+and logprob 0.0; `position_ids = max(cumsum(attention_mask) - 1, 0)` (verl's rule), so real tokens
+count from 0, left pads get 0 and right pads repeat the last position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tito_agents.convert._arrays import (
+    IGNORE_INDEX,
+    Overflow,
+    Side,
+    blank,
+    check_overflow,
+    check_side,
+    fill_rows,
+    positions,
+    round_up,
+    shift_left,
+    span_mask,
+    to_torch,
+)
+from tito_agents.convert._common import ConversionError, prompt_length, require_samples
+from tito_agents.samples import Sample
+
+IdMatrix = npt.NDArray[np.int32]
+MaskMatrix = npt.NDArray[np.uint8]
+FloatMatrix = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class ShiftedTargets:
+    """Next-token layout: position t holds what the model is scored on at t, i.e. token t+1.
+
+    `labels[t]` is token t+1 where that token is trained, else `IGNORE_INDEX` (-100), which also
+    marks each sequence's last position; `loss_mask` and `logprobs` are shifted the same way.
+    """
+
+    labels: npt.NDArray[np.int64]
+    loss_mask: MaskMatrix
+    logprobs: FloatMatrix | None
+
+
+def shifted_targets(
+    input_ids: npt.NDArray[np.int32],
+    loss_mask: npt.NDArray[np.uint8],
+    logprobs: npt.NDArray[np.float32] | None,
+    last: npt.NDArray[np.bool_],
+) -> ShiftedTargets:
+    """Shift ids, loss bits and logprobs one step left; `last` marks positions with no next token."""
+    shifted_mask = shift_left(loss_mask, last, 0)
+    labels = shift_left(input_ids.astype(np.int64), last, IGNORE_INDEX)
+    labels[shifted_mask == 0] = IGNORE_INDEX
+    shifted_lp = None if logprobs is None else shift_left(logprobs, last, 0.0)
+    return ShiftedTargets(labels=labels, loss_mask=shifted_mask, logprobs=shifted_lp)
+
+
+def _all_logprobs(samples: Sequence[Sample]) -> bool:
+    """Logprob fields exist only when every sample has them (a made-up 0.0 would bias IS ratios)."""
+    return all(s.logprobs is not None for s in samples)
+
+
+@dataclass(frozen=True, slots=True)
+class PaddedBatch:
+    """Whole sequences padded to one width `T`, `[B, T]` each, on the left or the right."""
+
+    input_ids: IdMatrix
+    attention_mask: MaskMatrix
+    position_ids: IdMatrix
+    loss_mask: MaskMatrix
+    logprobs: FloatMatrix | None
+    """Rollout logprobs (0.0 off the trained tokens); None unless every sample had them."""
+    lengths: npt.NDArray[np.int64]
+    """Real tokens per row (after truncation)."""
+    truncated: npt.NDArray[np.bool_]
+    padding_side: Side
+    sample_ids: tuple[str, ...]
+
+    def arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """The `[B, T]` fields by name (`logprobs` only when present)."""
+        out: dict[str, npt.NDArray[Any]] = {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+            "loss_mask": self.loss_mask,
+        }
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        return out
+
+    def to_torch(self) -> dict[str, Any]:
+        """`arrays()` as torch tensors (int64 ids/masks/positions, float32 logprobs)."""
+        return to_torch(self.arrays())
+
+    def shifted(self) -> ShiftedTargets:
+        """Next-token targets for a causal LM loss over this batch."""
+        width = int(self.input_ids.shape[1])
+        starts = (
+            np.zeros_like(self.lengths) if self.padding_side == "right" else width - self.lengths
+        )
+        last = _no_next_token(starts, self.lengths, width)
+        return shifted_targets(self.input_ids, self.loss_mask, self.logprobs, last)
+
+
+def _no_next_token(
+    starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64], width: int
+) -> npt.NDArray[np.bool_]:
+    """Positions whose next column is not the same sequence's next token: each row's last real
+    token, and the pad just before a left-padded row's first token (a pad predicts nothing)."""
+    last = np.zeros((starts.shape[0], width), dtype=np.bool_)
+    rows = np.flatnonzero(lengths > 0)
+    last[rows, (starts + lengths - 1)[rows]] = True
+    padded = np.flatnonzero(starts > 0)
+    last[padded, starts[padded] - 1] = True
+    return last
+
+
+def pad_batch(
+    samples: Sequence[Sample],
+    *,
+    padding_side: Side = "right",
+    pad_id: int = 0,
+    width: int | None = None,
+    pad_to_multiple_of: int | None = None,
+    overflow: Overflow = "error",
+) -> PaddedBatch:
+    """Pad whole samples to one width (OpenRLHF / NeMo RL / AReaL style: right; HF generation: left).
+
+    `width` defaults to the longest sample (rounded up to `pad_to_multiple_of`). A sample longer than
+    `width` raises `ConversionError`, or with `overflow="truncate"` keeps its first `width` tokens
+    (flagged in `truncated`: its tail's trained tokens are lost).
+    """
+    require_samples(samples)
+    side = check_side(padding_side)
+    mode = check_overflow(overflow)
+    full = np.fromiter((s.num_tokens for s in samples), dtype=np.int64, count=len(samples))
+    width = round_up(int(full.max()) if width is None else width, pad_to_multiple_of)
+    truncated = full > width
+    if truncated.any() and mode == "error":
+        b = int(np.flatnonzero(truncated)[0])
+        raise ConversionError(
+            f"sample {samples[b].sample_id}: {int(full[b])} tokens > width {width} "
+            "(raise width, or pass overflow='truncate')"
+        )
+    lengths = np.minimum(full, width)
+    starts = np.zeros_like(lengths) if side == "right" else width - lengths
+    n = len(samples)
+    keep = [int(k) for k in lengths]
+
+    input_ids = blank((n, width), pad_id, np.int32)
+    fill_rows(input_ids, [s.token_ids[:k] for s, k in zip(samples, keep, strict=True)], starts)
+    loss_mask = np.zeros((n, width), dtype=np.uint8)
+    fill_rows(loss_mask, [s.loss_mask[:k] for s, k in zip(samples, keep, strict=True)], starts)
+    logprobs = None
+    if _all_logprobs(samples):
+        logprobs = np.zeros((n, width), dtype=np.float32)
+        rows = [
+            s.logprobs[:k] for s, k in zip(samples, keep, strict=True) if s.logprobs is not None
+        ]
+        fill_rows(logprobs, rows, starts)
+    attention_mask = span_mask(starts, starts + lengths, width)
+    return PaddedBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions(starts, lengths, width),
+        loss_mask=loss_mask,
+        logprobs=logprobs,
+        lengths=lengths,
+        truncated=truncated,
+        padding_side=side,
+        sample_ids=tuple(s.sample_id for s in samples),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SplitBatch:
+    """Prompts left-padded to `prompt_width` columns, responses right-padded after them.
+
+    Every prompt ends at column `prompt_width` and every response starts there. The `[B, P + R]`
+    arrays are the model input; `prompt_*` and `response_*` are views of their two halves. The
+    response holds everything after the prompt (sampled ids and the context between them), so its
+    loss mask is verl's `response_mask` and TRL's `env_mask`.
+    """
+
+    input_ids: IdMatrix
+    attention_mask: MaskMatrix
+    position_ids: IdMatrix
+    loss_mask: MaskMatrix
+    """Loss bits over `[B, P + R]`: 0 on the whole prompt half and on pads."""
+    logprobs: FloatMatrix | None
+    """Rollout logprobs over `[B, P + R]`, 0.0 off the trained tokens; None unless every sample had
+    them."""
+    prompt_width: int
+    prompt_lengths: npt.NDArray[np.int64]
+    response_lengths: npt.NDArray[np.int64]
+    truncated: npt.NDArray[np.bool_]
+    sample_ids: tuple[str, ...]
+
+    @property
+    def response_width(self) -> int:
+        return int(self.input_ids.shape[1]) - self.prompt_width
+
+    @property
+    def prompt_ids(self) -> IdMatrix:
+        return self.input_ids[:, : self.prompt_width]
+
+    @property
+    def prompt_mask(self) -> MaskMatrix:
+        return self.attention_mask[:, : self.prompt_width]
+
+    @property
+    def response_ids(self) -> IdMatrix:
+        return self.input_ids[:, self.prompt_width :]
+
+    @property
+    def response_attention_mask(self) -> MaskMatrix:
+        return self.attention_mask[:, self.prompt_width :]
+
+    @property
+    def response_loss_mask(self) -> MaskMatrix:
+        return self.loss_mask[:, self.prompt_width :]
+
+    @property
+    def response_logprobs(self) -> FloatMatrix | None:
+        return None if self.logprobs is None else self.logprobs[:, self.prompt_width :]
+
+    def arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """Generic names: `prompt_ids`, `prompt_mask`, `response_ids`, `response_mask` (attention),
+        `response_loss_mask`, `response_logprobs`, `input_ids`, `attention_mask`, `position_ids`."""
+        out: dict[str, npt.NDArray[Any]] = {
+            "prompt_ids": self.prompt_ids,
+            "prompt_mask": self.prompt_mask,
+            "response_ids": self.response_ids,
+            "response_mask": self.response_attention_mask,
+            "response_loss_mask": self.response_loss_mask,
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+        }
+        if self.logprobs is not None:
+            out["response_logprobs"] = self.logprobs[:, self.prompt_width :]
+        return out
+
+    def to_torch(self) -> dict[str, Any]:
+        """`arrays()` as torch tensors (int64 ids/masks/positions, float32 logprobs)."""
+        return to_torch(self.arrays())
+
+    def shifted(self) -> ShiftedTargets:
+        """Next-token targets over the `[B, P + R]` input (the last response token has none)."""
+        starts = self.prompt_width - self.prompt_lengths
+        lengths = self.prompt_lengths + self.response_lengths
+        last = _no_next_token(starts, lengths, int(self.input_ids.shape[1]))
+        return shifted_targets(self.input_ids, self.loss_mask, self.logprobs, last)
+
+
+def pad_split_batch(
+    samples: Sequence[Sample],
+    *,
+    pad_id: int = 0,
+    prompt_width: int | None = None,
+    response_width: int | None = None,
+    overflow: Overflow = "error",
+) -> SplitBatch:
+    """Split each sample at its first sampled token (`prompt_length`) and pad: prompt on the left,
+    response on the right.
+
+    Widths default to the longest prompt and response of the batch. A part longer than a given
+    width raises `ConversionError`, or with `overflow="truncate"` loses its oldest prompt tokens
+    (the prompt keeps its end) or its response tail; such rows are flagged in `truncated`.
+    """
+    require_samples(samples)
+    mode = check_overflow(overflow)
+    n = len(samples)
+    split = np.fromiter((prompt_length(s) for s in samples), dtype=np.int64, count=n)
+    total = np.fromiter((s.num_tokens for s in samples), dtype=np.int64, count=n)
+    response = total - split
+    p_width = int(split.max()) if prompt_width is None else prompt_width
+    r_width = int(response.max()) if response_width is None else response_width
+    truncated = (split > p_width) | (response > r_width)
+    if truncated.any() and mode == "error":
+        b = int(np.flatnonzero(truncated)[0])
+        raise ConversionError(
+            f"sample {samples[b].sample_id}: prompt {int(split[b])} / response {int(response[b])} "
+            f"tokens do not fit widths {p_width} / {r_width} (raise them, or overflow='truncate')"
+        )
+    p_keep = np.minimum(split, p_width)
+    r_keep = np.minimum(response, r_width)
+    first = split - p_keep  # first kept position of each sample
+    starts = p_width - p_keep  # its column in the row
+    cuts = [
+        (int(a), int(b)) for a, b in zip(first.tolist(), (split + r_keep).tolist(), strict=True)
+    ]
+    width = p_width + r_width
+
+    input_ids = blank((n, width), pad_id, np.int32)
+    fill_rows(
+        input_ids, [s.token_ids[a:b] for s, (a, b) in zip(samples, cuts, strict=True)], starts
+    )
+    loss_mask = np.zeros((n, width), dtype=np.uint8)
+    fill_rows(
+        loss_mask, [s.loss_mask[a:b] for s, (a, b) in zip(samples, cuts, strict=True)], starts
+    )
+    logprobs = None
+    if _all_logprobs(samples):
+        logprobs = np.zeros((n, width), dtype=np.float32)
+        rows = [
+            s.logprobs[a:b]
+            for s, (a, b) in zip(samples, cuts, strict=True)
+            if s.logprobs is not None
+        ]
+        fill_rows(logprobs, rows, starts)
+    attention_mask = span_mask(starts, p_width + r_keep, width)
+    return SplitBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions(starts, p_keep + r_keep, width),
+        loss_mask=loss_mask,
+        logprobs=logprobs,
+        prompt_width=p_width,
+        prompt_lengths=p_keep,
+        response_lengths=r_keep,
+        truncated=truncated,
+        sample_ids=tuple(s.sample_id for s in samples),
+    )

@@ -37,7 +37,8 @@ e2e: $(STAMP)
 
 # The main job: start a real CPU vLLM, run the quickstart agent, print the summary, stop vLLM.
 demo: $(STAMP)
-	@trap '$(PYTHON) scripts/vllm_server.py stop' EXIT; \
+	@if $(PYTHON) scripts/vllm_server.py status >/dev/null 2>&1; then started=0; else started=1; fi; \
+	trap '[ $$started = 1 ] && $(PYTHON) scripts/vllm_server.py stop' EXIT; \
 	$(PYTHON) scripts/vllm_server.py start && \
 	$(PY) examples/quickstart.py --base-url http://127.0.0.1:$(TITO_VLLM_PORT)/v1 \
 	    --episodes 6 --concurrency 3 --out out/demo-samples.jsonl

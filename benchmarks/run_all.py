@@ -1,0 +1,46 @@
+"""`make bench`: every benchmark, one after the other, each printing its figures and PASS/FAIL.
+
+Each benchmark measures ratios side by side in one run (these machines are noisy), never absolute
+times. `--check` makes the run fail when any target is missed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = [
+    ("capture overhead (issue 2)", "bench_capture.py", []),
+    ("merged assembly (issue 4)", "bench_assembly.py", []),
+    ("token-in sessions (issue 5)", "bench_sessions.py", []),
+    ("sinks (issue 6)", "bench_sinks.py", []),
+    ("stats command (issue 9)", "bench_stats.py", []),
+    ("trainer converters (issue 10)", "bench_convert.py", []),
+]
+
+
+def main() -> int:
+    check = "--check" in sys.argv[1:]
+    failed = []
+    for title, script, args in BENCHMARKS:
+        path = HERE / script
+        if not path.exists():
+            continue
+        print(f"\n##### {title}: {script}", flush=True)
+        start = time.time()
+        result = subprocess.run(
+            [sys.executable, str(path), *args, *(["--check"] if check else [])], check=False
+        )
+        print(f"##### {script}: exit {result.returncode} in {time.time() - start:.0f}s", flush=True)
+        if result.returncode != 0:
+            failed.append(script)
+    if failed:
+        print(f"\nmissed targets or errors: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

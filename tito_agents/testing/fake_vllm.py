@@ -1,0 +1,88 @@
+"""A faithful fake vLLM 0.32 OpenAI-compatible server on the real SmolLM2 tokenizer, for tests.
+
+`FakeVLLM` is the pure core: `handle(method, path, body, headers)` returns a `FakeResponse` without
+any I/O, so it can be unit-tested directly. `FakeVLLMServer` serves it over real HTTP/1.1 on
+127.0.0.1 (keep-alive, chunked SSE, hundreds of concurrent connections) from a background thread:
+
+    from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
+    with FakeVLLMServer(FakeConfig(tokenization="drift")) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x")
+        srv.faults.cut_stream_after = 3          # fault switches change at runtime
+        srv.stats["/v1/chat/completions"]        # requests received per path
+
+Generation is deterministic and scriptable (`FakeConfig.responder`); responses follow vLLM 0.32's
+wire format byte for byte (key order, nulls, SSE framing), see `reference/vllm-wire-format.md`.
+Fault switches (`Faults`) reproduce old servers and broken networks; each is off by default and can
+also be set for one request with the header `x-fake-fault: name[=value][, ...]`.
+
+Run standalone (serves until killed): `python -m tito_agents.testing.fake_vllm --port 8765`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import threading
+from collections.abc import Sequence
+
+from tito_agents.testing._fake_core import (
+    FAULT_HEADER,
+    FakeConfig,
+    FakeResponse,
+    FakeStats,
+    FakeVLLM,
+    Faults,
+    StreamCut,
+)
+from tito_agents.testing._fake_model import RequestView, Responder, Tokenization
+from tito_agents.testing._fake_responder import default_responder, hermes_tool_call
+from tito_agents.testing._fake_server import FakeVLLMServer
+from tito_agents.testing.smollm2 import MODEL_NAME
+
+__all__ = [
+    "FAULT_HEADER",
+    "FakeConfig",
+    "FakeResponse",
+    "FakeStats",
+    "FakeVLLM",
+    "FakeVLLMServer",
+    "Faults",
+    "RequestView",
+    "Responder",
+    "StreamCut",
+    "Tokenization",
+    "default_responder",
+    "hermes_tool_call",
+    "main",
+]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m tito_agents.testing.fake_vllm`: serve a fake vLLM until interrupted."""
+    parser = argparse.ArgumentParser(description="Serve a fake vLLM 0.32 (SmolLM2 tokenizer).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--model", default=MODEL_NAME)
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay before each response")
+    parser.add_argument(
+        "--token-latency-ms", type=float, default=0.0, help="delay before each SSE event"
+    )
+    parser.add_argument("--tokenization", choices=["canonical", "drift"], default="canonical")
+    parser.add_argument("--drift-rate", type=float, default=0.25)
+    args = parser.parse_args(argv)
+    config = FakeConfig(
+        model=args.model,
+        max_model_len=args.max_model_len,
+        tokenization=args.tokenization,
+        drift_rate=args.drift_rate,
+        faults=Faults(latency_ms=args.latency_ms, token_latency_ms=args.token_latency_ms),
+    )
+    with FakeVLLMServer(config, host=args.host, port=args.port) as server:
+        print(f"fake vLLM 0.32 ({config.model}) serving at {server.base_url}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -242,6 +242,12 @@ class Episode:
         for call in matched:
             call.reward = value
 
+    def add_error(self, error: CaptureError) -> None:
+        """Record a capture problem found outside the transport (e.g. by an integration that saw a
+        model call send no captured request); the episode exit reports it like the others."""
+        with self._lock:
+            self.errors.append(error)
+
     @property
     def last_call(self) -> Call | None:
         """The most recently requested captured call (by request order)."""

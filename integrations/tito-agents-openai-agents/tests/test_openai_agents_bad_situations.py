@@ -15,8 +15,7 @@ from agents import (
 )
 from agents.run_config import CallModelData, ModelInputData
 from agents.tracing import agent_span, response_span, trace
-from conftest import new_client
-from oa_script import CALLS_PER_RUN, build_agents, misattributed
+from oa_script import CALLS_PER_RUN, build_agents, misattributed, new_client
 
 import tito_agents as tito
 from tito_agents.testing.fake_vllm import FakeVLLMServer

@@ -10,8 +10,7 @@ import tito_agents_openai_agents as tito_oa
 from agents import OpenAIChatCompletionsModel, RunConfig, Runner
 from agents.models import _openai_shared
 from agents.run_config import CallModelData, ModelInputData
-from conftest import new_client
-from oa_script import build_agents
+from oa_script import build_agents, new_client
 
 import tito_agents as tito
 from tito_agents.testing.fake_vllm import FakeVLLMServer

@@ -10,7 +10,18 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
 
-.PHONY: demo test test-fast e2e bench lint typecheck vllm vllm-stop dev clean
+.PHONY: demo test test-fast e2e bench lint typecheck vllm vllm-stop dev clean sysdeps
+
+# Real services the tests drive: Redis (sinks) and Chromium (the HTML sample inspector).
+SYSDEPS := redis-server:redis-server chromium:chromium
+sysdeps:
+	@missing=""; for dep in $(SYSDEPS); do command -v $${dep%%:*} >/dev/null || missing="$$missing $${dep#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing$$missing (Debian packages)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "please install:$$missing (Debian packages)"; exit 1; fi; \
+	fi
 
 dev: $(STAMP)
 
@@ -29,7 +40,7 @@ $(STAMP): pyproject.toml $(foreach p,$(INTEGRATIONS),$(p)/pyproject.toml)
 
 # Unit and fake-server tests, then the end-to-end tier against a real CPU vLLM (started and
 # stopped by the tests themselves; the first run installs it, several minutes).
-test: $(STAMP)
+test: $(STAMP) sysdeps lint typecheck
 	$(PY) -m pytest -m "not e2e"
 	$(PY) -m pytest -m e2e
 
@@ -56,9 +67,11 @@ vllm-stop:
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
+LINT_PATHS := tito_agents tests examples benchmarks scripts integrations
+
 lint: $(STAMP)
-	$(PY) -m ruff check tito_agents tests examples benchmarks scripts
-	$(PY) -m ruff format --check tito_agents tests examples benchmarks scripts
+	$(PY) -m ruff check $(LINT_PATHS)
+	$(PY) -m ruff format --check $(LINT_PATHS)
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

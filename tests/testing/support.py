@@ -14,11 +14,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CAPTURES_DIR = REPO_ROOT.parent / "shared" / "reference" / "captures"
 DONE = "[DONE]"
 
-MESSAGES = [
+MESSAGES: Any = [
     {"role": "system", "content": "You are a helpful bot."},
     {"role": "user", "content": "what is the weather in paris"},
 ]
-WEATHER_TOOL = {
+WEATHER_TOOL: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",

@@ -44,6 +44,7 @@ def test_include_reasoning_nulls_hides_ids_and_logprobs() -> None:
     assert call(fake, CHAT, fields).body["prompt_token_ids"]
     chunks = call(fake, CHAT, {**fields, "stream": True}).chunks
     assert all(c["choices"][0].get("token_ids") is None for c in chunks)
+    assert chunks[1]["choices"][0]["delta"] == {"content": "Good", "reasoning": None}
     assert call(fake, CHAT, _request(logprobs=True)).body["choices"][0]["token_ids"]
     off = call(FakeVLLM(), CHAT, fields).body["choices"][0]
     assert off["token_ids"] and off["logprobs"]

@@ -121,7 +121,12 @@ def test_chat_prompt_is_rendered_like_vllm(fake: FakeVLLM, tokenizer: Any) -> No
 def test_token_in_replaces_the_rendered_prompt() -> None:
     """kv_transfer_params.prompt_token_ids become the prompt; the responder sees those ids."""
     seen: list[RequestView] = []
-    fake = FakeVLLM(FakeConfig(responder=lambda view: seen.append(view) or "ok"))
+
+    def responder(view: RequestView) -> str:
+        seen.append(view)
+        return "ok"
+
+    fake = FakeVLLM(FakeConfig(responder=responder))
     ids = [1, 4093, 198, 5588, 2, 198, 1, 520, 9531, 198]
     body = _chat(fake, kv_transfer_params={"prompt_token_ids": ids})
     assert body["prompt_token_ids"] == ids
@@ -182,18 +187,43 @@ def test_stop_string_text_is_held_back_in_streams() -> None:
     assert deltas[0] != "The"  # held back: "returns" is 7 characters, 6 are withheld
 
 
+def test_textless_chunks_are_sent_only_when_ids_or_logprobs_are_asked_for() -> None:
+    """A token that releases no text (inside a character) gets a `{}` chunk only with ids/logprobs."""
+    fake = _fake("Hi 😀 ok")
+    with_ids = _chat_stream(fake)
+    body = {"messages": MESSAGES, "stream": True}
+    plain = call(fake, CHAT, body).chunks
+    assert {} in [c["choices"][0]["delta"] for c in with_ids[1:]]
+    assert len(plain) == len(with_ids) - 1
+    assert _streamed_text(plain) == _streamed_text(with_ids) == "Hi 😀 ok"
+    with_logprobs = call(fake, CHAT, {**body, "logprobs": True}).chunks
+    assert len(with_logprobs) == len(with_ids)
+
+
+def test_return_prompt_text_gives_the_rendered_template(fake: FakeVLLM, tokenizer: Any) -> None:
+    """return_prompt_text (0.32) returns the rendered prompt; it is null otherwise."""
+    body = _chat(fake, return_prompt_text=True, max_tokens=1)
+    assert body["prompt_text"].endswith("<|im_start|>assistant\n")
+    assert (
+        tokenizer.encode(body["prompt_text"], add_special_tokens=False) == body["prompt_token_ids"]
+    )
+    role_chunk = _chat_stream(fake, return_prompt_text=True, max_tokens=1)[0]
+    assert role_chunk["prompt_text"] == body["prompt_text"]
+    assert _chat(fake, max_tokens=1)["prompt_text"] is None
+
+
 # -- choices, seeds, logprobs --------------------------------------------------------------------
 
 
 def test_choices_differ_by_index_and_repeat_by_seed(fake: FakeVLLM) -> None:
-    """n>1 gives different (deterministic) answers; a seed repeats them; temperature 0 is greedy."""
+    """n>1 gives different (deterministic) answers; a seed repeats them; greedy ignores seeds."""
     first = _chat(fake, n=4, temperature=1.0, seed=11)
     again = _chat(fake, n=4, temperature=1.0, seed=11)
     texts = [c["message"]["content"] for c in first["choices"]]
     assert texts == [c["message"]["content"] for c in again["choices"]]
     assert len(set(texts)) > 1
-    greedy = _chat(fake, n=3, temperature=0)
-    assert len({tuple(c["token_ids"]) for c in greedy["choices"]}) == 1
+    greedy = [_chat(fake, temperature=0, seed=seed)["choices"][0]["token_ids"] for seed in (1, 2)]
+    assert greedy[0] == greedy[1]
 
 
 def test_logprobs_list_the_sampled_token_first(fake: FakeVLLM, tokenizer: Any) -> None:
@@ -363,22 +393,45 @@ def test_text_keeps_partial_utf8_out_and_non_ascii_raw() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fields", "status", "param"),
+    ("fields", "status", "param", "message"),
     [
-        ({"model": "nope"}, 404, "model"),
-        ({"top_logprobs": 3}, 400, "top_logprobs"),
-        ({"max_tokens": 9000}, 400, "max_tokens"),
-        ({"max_tokens": 8190}, 400, "max_tokens"),
-        ({"stream_options": {"include_usage": True}}, 400, "stream_options"),
-        ({"messages": []}, 400, "messages"),
+        ({"model": "nope"}, 404, "model", "The model `nope` does not exist"),
+        ({"top_logprobs": 3}, 400, "top_logprobs", "`logprobs` must be set to true"),
+        ({"logprobs": True, "top_logprobs": 30}, 400, "logprobs", "greater than max allowed: 20"),
+        ({"max_tokens": 9000}, 400, "max_tokens", "cannot be greater than max_model_len=8192"),
+        ({"max_tokens": 0}, 400, "max_tokens", "max_tokens must be at least 1, got 0."),
+        ({"n": 2, "temperature": 0}, 400, None, "n must be 1 when using greedy sampling"),
+        ({"n": "x"}, 400, "body.n", "'type': 'int_parsing', 'loc': 'body.n'"),
+        ({"messages": None}, 400, "body.messages", "'type': 'missing'"),
+        ({"messages": []}, 400, None, "Cannot apply chat template to an empty conversation"),
+        ({"tool_choice": "required"}, 400, "tool_choice", "`tools` must be set"),
+        ({"stream_options": {"include_usage": True}}, 400, "stream_options", "stream=True"),
+        (
+            {"messages": [{"role": "user", "content": "hi " * 9000}]},
+            400,
+            "input_tokens",
+            "maximum context length is 8192 tokens",
+        ),
     ],
 )
-def test_errors_use_vllms_nested_body(fake: FakeVLLM, fields: Any, status: int, param: str) -> None:
+def test_errors_use_vllms_nested_body(
+    fake: FakeVLLM, fields: Any, status: int, param: str | None, message: str
+) -> None:
     """Validation failures answer with vLLM's {"error": {message, type, param, code}}."""
-    result = call(fake, CHAT, {"messages": MESSAGES, **fields})
+    body = {k: v for k, v in {"messages": MESSAGES, **fields}.items() if v is not None}
+    result = call(fake, CHAT, body)
     assert result.status == status
     assert list(result.body["error"]) == ["message", "type", "param", "code"]
     assert (result.body["error"]["param"], result.body["error"]["code"]) == (param, status)
+    assert message in result.body["error"]["message"]
+
+
+def test_max_tokens_beyond_the_window_is_cut_not_rejected() -> None:
+    """max_tokens larger than what the context window leaves ends in "length" at the window."""
+    fake = FakeVLLM(FakeConfig(max_model_len=40, responder=lambda view: "word " * 100))
+    body = _chat(fake, max_tokens=35)
+    assert body["usage"]["total_tokens"] == 40
+    assert body["choices"][0]["finish_reason"] == "length"
 
 
 def test_unknown_fields_are_ignored_and_unknown_routes_404(fake: FakeVLLM) -> None:

@@ -32,11 +32,12 @@ def test_openai_sdk_reads_ids_from_bodies(server: FakeVLLMServer) -> None:
             model="SmolLM2-135M-Instruct",
             messages=MESSAGES,
             tools=[WEATHER_TOOL],
-            extra_body=RETURN_IDS,  # type: ignore[arg-type]
+            extra_body=RETURN_IDS,
         )
-    extra = completion.model_extra or {}
-    assert extra["prompt_token_ids"] and completion.choices[0].model_extra["token_ids"][-1] == 2  # type: ignore[index]
-    assert completion.choices[0].message.tool_calls[0].function.name == "get_weather"  # type: ignore[index]
+    choice: Any = completion.choices[0]
+    assert (completion.model_extra or {})["prompt_token_ids"]
+    assert choice.model_extra["token_ids"][-1] == 2
+    assert choice.message.tool_calls[0].function.name == "get_weather"
 
 
 def test_keep_alive_reuses_one_connection(server: FakeVLLMServer) -> None:
@@ -58,7 +59,7 @@ async def test_500_concurrent_streams_through_the_openai_sdk(server: FakeVLLMSer
         async def one(seed: int) -> tuple[list[int], int]:
             stream = await client.chat.completions.create(
                 model="SmolLM2-135M-Instruct",
-                messages=MESSAGES,  # type: ignore[arg-type]
+                messages=MESSAGES,
                 stream=True,
                 max_tokens=8,
                 seed=seed % 7,
@@ -70,7 +71,8 @@ async def test_500_concurrent_streams_through_the_openai_sdk(server: FakeVLLMSer
             usage = -1
             async for chunk in stream:
                 if chunk.choices:
-                    ids += chunk.choices[0].model_extra.get("token_ids") or []  # type: ignore[union-attr]
+                    extra: Any = chunk.choices[0].model_extra
+                    ids += extra.get("token_ids") or []
                 elif chunk.usage is not None:
                     usage = chunk.usage.completion_tokens
             return ids, usage
@@ -88,14 +90,14 @@ def test_retries_after_injected_status(server: FakeVLLMServer) -> None:
     with openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=2) as client:
         completion = client.chat.completions.create(
             model="SmolLM2-135M-Instruct", messages=MESSAGES
-        )  # type: ignore[arg-type]
+        )
         assert completion.choices[0].message.content
         assert server.stats["/v1/chat/completions"] == 3
         server.fail_next(1, status=429)
         with pytest.raises(openai.RateLimitError):
             client.with_options(max_retries=0).chat.completions.create(
                 model="SmolLM2-135M-Instruct",
-                messages=MESSAGES,  # type: ignore[arg-type]
+                messages=MESSAGES,
             )
 
 

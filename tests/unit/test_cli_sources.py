@@ -1,0 +1,192 @@
+"""Opening samples files: format detection, torn and foreign files, columnar reader dispatch."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_cli_support import merged_episode, run_cli, write_samples
+from tito_agents.cli import sources
+from tito_agents.cli._errors import CliInputError
+from tito_agents.cli.sources import open_samples, register_reader
+from tito_agents.samples import Sample
+from tito_agents.sinks.jsonl import encode_sample
+
+
+def _ids(path: Path, **kwargs: bool) -> list[str]:
+    return [s.sample_id for s in open_samples(path, **kwargs)]
+
+
+def test_jsonl_streams_every_sample_in_order(tmp_path: Path) -> None:
+    """A JSON Lines file from the sink is read back whole, in order, each time it is iterated."""
+    samples = merged_episode()
+    opened = open_samples(write_samples(tmp_path / "s.jsonl", samples))
+    assert opened.format == "jsonl"
+    assert [s.sample_id for s in opened] == [s.sample_id for s in samples]
+    assert [s.sample_id for s in opened] == [s.sample_id for s in samples]
+
+
+def test_line_estimate_is_close_for_uniform_files(tmp_path: Path) -> None:
+    """The progress estimate of a JSON Lines file is within 10% of its real line count."""
+    sample = merged_episode()[0]
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(encode_sample(sample) * 5000)
+    estimate = open_samples(path).estimated_samples
+    assert estimate is not None and abs(estimate - 5000) <= 500
+
+
+def test_torn_last_line_is_refused_unless_allowed(tmp_path: Path) -> None:
+    """A last line cut mid-sample is an error naming the file; --allow-truncated skips it."""
+    samples = merged_episode()
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 9])
+    with pytest.raises(CliInputError, match="truncated") as info:
+        open_samples(path)
+    assert str(path) in str(info.value)
+    assert _ids(path, allow_truncated=True) == [s.sample_id for s in samples[:-1]]
+
+
+def test_complete_last_line_without_newline_is_kept(tmp_path: Path) -> None:
+    """A final sample missing only its newline is complete, not truncated."""
+    samples = merged_episode()
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    assert _ids(path) == [s.sample_id for s in samples]
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"hello, this is not json\n", "not a samples file"),
+        (b"[1, 2, 3]\n", "not a samples file"),
+        (gzip.compress(b'{"a": 1}\n'), "gzip-compressed"),
+        (b"PAR1 not really parquet", "truncated parquet file"),
+    ],
+)
+def test_foreign_files_are_refused_up_front(tmp_path: Path, content: bytes, problem: str) -> None:
+    """Files that are not samples files are refused before reading, with the reason."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(content)
+    with pytest.raises(CliInputError, match=problem):
+        open_samples(path)
+
+
+def test_valid_json_that_is_not_a_sample_names_the_line(tmp_path: Path) -> None:
+    """A JSON object without sample fields fails with the file and line number."""
+    path = write_samples(tmp_path / "s.jsonl", merged_episode()[:1])
+    with open(path, "ab") as handle:
+        handle.write(b'{"hello": "world"}\n')
+    with pytest.raises(CliInputError, match=r"s\.jsonl:2: not a valid sample"):
+        list(open_samples(path))
+
+
+def test_missing_file_and_folder(tmp_path: Path) -> None:
+    """A missing path and a folder are both refused with what is wrong."""
+    with pytest.raises(CliInputError, match="no such file"):
+        open_samples(tmp_path / "nope.jsonl")
+    with pytest.raises(CliInputError, match="is a folder"):
+        open_samples(tmp_path)
+
+
+def test_wrong_extension_magic_is_reported(tmp_path: Path) -> None:
+    """A `.parquet` file without Parquet magic bytes is called out as such."""
+    path = tmp_path / "x.parquet"
+    path.write_bytes(b"\x00\x01\x02\x03 binary")
+    with pytest.raises(CliInputError, match="not a parquet file"):
+        open_samples(path)
+
+
+def _fake_parquet(tmp_path: Path) -> Path:
+    path = tmp_path / "s.parquet"
+    path.write_bytes(b"PAR1" + b"\x00" * 32 + b"PAR1")
+    return path
+
+
+def test_columnar_file_without_its_reader_names_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Parquet file when no columnar reader is installed: the error names the readers looked for."""
+    monkeypatch.setattr(sources, "_registered", {})
+    monkeypatch.setitem(sources.READER_CANDIDATES, "parquet", (("tito_agents.no_such", "read_x"),))
+    with pytest.raises(CliInputError, match=r"tito_agents\.no_such\.read_x"):
+        open_samples(_fake_parquet(tmp_path))
+
+
+def test_columnar_reader_found_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lazy lookup imports the module named in READER_CANDIDATES and uses its function."""
+    samples = merged_episode()
+    module = type(sources)("fake_columnar_sink")
+
+    def read_parquet(path: Path) -> Iterator[Sample]:
+        yield from samples
+
+    module.read_parquet = read_parquet  # type: ignore[attr-defined]
+    monkeypatch.setitem(__import__("sys").modules, "fake_columnar_sink", module)
+    monkeypatch.setattr(sources, "_registered", {})
+    monkeypatch.setitem(
+        sources.READER_CANDIDATES, "parquet", (("fake_columnar_sink", "read_parquet"),)
+    )
+    opened = open_samples(_fake_parquet(tmp_path))
+    assert opened.format == "parquet"
+    assert [s.sample_id for s in opened] == [s.sample_id for s in samples]
+
+
+def test_registered_reader_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`register_reader` installs the reader of a format explicitly."""
+    samples = merged_episode()[:2]
+    monkeypatch.setattr(sources, "_registered", {})
+    register_reader("parquet", lambda path: iter(samples))
+    assert _ids(_fake_parquet(tmp_path)) == [s.sample_id for s in samples]
+
+
+def _columnar_part(tmp_path: Path, file_format: str, samples: list[Sample]) -> Path:
+    pytest.importorskip("pyarrow", reason="the columnar sinks need pyarrow")
+    from tito_agents.sinks.files import RotatingFileSink, list_parts
+
+    sink = RotatingFileSink(tmp_path / f"samples.{file_format}")
+    sink.write(samples)
+    sink.close()
+    (part,) = list_parts(tmp_path / f"samples.{file_format}")
+    return part
+
+
+@pytest.mark.parametrize("file_format", ["parquet", "arrow"])
+def test_columnar_sink_files_are_read_with_their_reader(
+    tmp_path: Path, file_format: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Parquet and Arrow parts written by the columnar sinks stream back whole; `stats` reads them."""
+    samples = merged_episode()
+    part = _columnar_part(tmp_path, file_format, samples)
+    opened = open_samples(part)
+    assert opened.format == file_format
+    assert [s.sample_id for s in opened] == [s.sample_id for s in samples]
+    if file_format == "parquet":
+        assert opened.estimated_samples == len(samples) and opened.count_is_exact
+    code, out, _ = run_cli(["stats", part, "--json"], capsys)
+    assert code == 0 and json.loads(out)["samples"] == len(samples)
+
+
+def test_torn_arrow_stream(tmp_path: Path) -> None:
+    """An Arrow stream without its end marker is refused as truncated; --allow-truncated reads its
+    complete batches."""
+    samples = merged_episode()
+    part = _columnar_part(tmp_path, "arrow", samples)
+    part.write_bytes(part.read_bytes()[:-8])  # drop the end-of-stream marker
+    with pytest.raises(CliInputError, match="truncated Arrow stream"):
+        open_samples(part)
+    assert _ids(part, allow_truncated=True) == [s.sample_id for s in samples]
+
+
+def test_corrupt_parquet_body(tmp_path: Path) -> None:
+    """A Parquet file with intact magic bytes but a damaged body: a one-line read error, not a crash."""
+    part = _columnar_part(tmp_path, "parquet", merged_episode())
+    data = bytearray(part.read_bytes())
+    data[8:-8] = b"\x00" * (len(data) - 16)
+    part.write_bytes(bytes(data))
+    with pytest.raises(CliInputError, match="cannot read this parquet file"):
+        list(open_samples(part))

@@ -1,0 +1,123 @@
+"""Loading a local tokenizer (a folder or a GGUF file) offline, with one-line errors.
+
+transformers is imported only here and only when a command needs a tokenizer, so `stats` and `show`
+without `--tokenizer` work on the core install. Nothing is fetched from a model hub: loading uses
+`local_files_only=True` and the hub is switched off for the process (`HF_HUB_OFFLINE=1`) before
+transformers is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tito_agents.calls import IdArray
+from tito_agents.cli._errors import CliInputError
+
+__all__ = ["decode_tokens", "encode_text", "is_gguf", "load_tokenizer"]
+
+_GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether `path` is a GGUF file (by its magic bytes)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == _GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def load_tokenizer(spec: str | os.PathLike[str]) -> Any:
+    """A transformers tokenizer from a local folder or GGUF file; `CliInputError` when it can't load."""
+    path = Path(spec)
+    if not path.exists():
+        raise CliInputError(
+            path, "tokenizer not found (give a local tokenizer folder or a .gguf file)"
+        )
+    transformers = _import_transformers(path)
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if path.is_dir():
+        location = str(path)
+    elif is_gguf(path):
+        location, kwargs["gguf_file"] = str(path.parent), path.name
+    else:
+        raise CliInputError(path, "not a tokenizer folder or GGUF file")
+    try:
+        stamp = path.stat().st_mtime_ns
+        return _cached_load(transformers, location, kwargs.get("gguf_file"), stamp)
+    except Exception as exc:  # transformers raises many types (OSError, ValueError, KeyError, ...)
+        raise CliInputError(path, f"cannot load tokenizer: {_short(exc)}") from exc
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_load(transformers: Any, location: str, gguf_file: str | None, stamp: int) -> Any:
+    """One load per (location, file, modification time) per process: tokenizers are only read."""
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    with warnings.catch_warnings(), _quiet_transformers():
+        warnings.simplefilter("ignore")
+        return transformers.AutoTokenizer.from_pretrained(location, **kwargs)
+
+
+def encode_text(tokenizer: Any, text: str) -> IdArray:
+    """Text to ids as vLLM's chat endpoint does it: the rendered prompt, no special tokens added."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return np.asarray(ids, dtype=np.int32)
+
+
+def decode_tokens(tokenizer: Any, ids: Sequence[int] | IdArray) -> list[str]:
+    """Each id's own text (special tokens kept), so token boundaries can be shown."""
+    id_list = [int(i) for i in ids]
+    try:
+        texts: list[str] = tokenizer.batch_decode(
+            [[i] for i in id_list], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+    except Exception:  # an id outside the vocabulary: show it as an id
+        texts = [_decode_one(tokenizer, i) for i in id_list]
+    return texts
+
+
+def _decode_one(tokenizer: Any, token_id: int) -> str:
+    try:
+        text: str = tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+    except Exception:
+        return f"<id {token_id}>"
+
+
+def _import_transformers(path: Path) -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        import transformers
+    except ImportError as exc:
+        raise CliInputError(
+            path, "reading a tokenizer needs transformers: pip install 'tito-agents[tokenizer]'"
+        ) from exc
+    return transformers
+
+
+class _quiet_transformers:
+    """Silence transformers' logger while loading (its warnings are not the user's problem here)."""
+
+    def __enter__(self) -> None:
+        self._logger = logging.getLogger("transformers")
+        self._level = self._logger.level
+        self._logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.setLevel(self._level)
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 240 else text[:237] + "..."

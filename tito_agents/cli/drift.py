@@ -1,0 +1,378 @@
+"""`tito-agents drift`: how much would have drifted without captured ids.
+
+A pipeline that keeps text and re-tokenizes it trains on other ids than the engine sampled. For each
+call of each sample this re-encodes what the engine sampled (decode -> encode, special tokens kept,
+no clean-up) and compares ids; for each sample it does the same with the whole sequence, as a
+text-only pipeline would. Where messages were captured with a call (in `metadata`, see
+`captured_requests`), it also re-renders the chat template and compares the prompt ids. Drift kinds:
+
+* `retokenized`: the text round-trips but the ids differ (the model sampled a non-canonical split);
+* `lossy_text`: the decoded text does not even round-trip (e.g. a multi-byte character cut by
+  `length`, or ids the tokenizer decodes to replacement characters);
+* for template re-rendering: `retokenized`, `template_rerender` (texts equal once whitespace,
+  reasoning blocks and special tokens are removed) and `content` (the texts differ).
+
+Tokens affected = tokens from the first differing id to the end of the call (or sample): everything
+a trainer would have misaligned. Tokenizer calls are batched, so the fast tokenizer does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tito_agents.calls import IdArray
+from tito_agents.cli._drift_format import format_drift
+from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
+from tito_agents.cli._progress import Progress, progress_enabled
+from tito_agents.cli._render import RenderRefused, TemplateRenderer
+from tito_agents.cli._tokenizers import load_tokenizer
+from tito_agents.cli.sources import open_samples
+from tito_agents.divergence import common_prefix_len, normalize_template_text
+from tito_agents.samples import Sample
+
+__all__ = [
+    "DriftReport",
+    "add_parser",
+    "captured_requests",
+    "check_vocabulary",
+    "measure_drift",
+    "run",
+]
+
+_BATCH = 256
+_EXAMPLES = 5
+_EXCERPT = 6
+
+
+@dataclass(slots=True)
+class _Tally:
+    scanned: int = 0
+    drifted: int = 0
+    tokens: int = 0
+    tokens_affected: int = 0
+    by_kind: Counter[str] = field(default_factory=Counter)
+    tokens_by_kind: Counter[str] = field(default_factory=Counter)
+
+    def add(self, length: int, kind: str | None, affected: int) -> None:
+        self.scanned += 1
+        self.tokens += length
+        if kind is not None:
+            self.drifted += 1
+            self.tokens_affected += affected
+            self.by_kind[kind] += 1
+            self.tokens_by_kind[kind] += affected
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scanned": self.scanned,
+            "drifted": self.drifted,
+            "tokens": self.tokens,
+            "tokens_affected": self.tokens_affected,
+            "by_kind": {
+                k: {"count": n, "tokens_affected": self.tokens_by_kind[k]}
+                for k, n in sorted(self.by_kind.items())
+            },
+        }
+
+
+@dataclass(slots=True)
+class DriftReport:
+    """Drift counted per call (sampled ids), per sample (whole sequence) and per template re-render."""
+
+    calls: _Tally = field(default_factory=_Tally)
+    samples_with_drifted_call: int = 0
+    sequences: _Tally = field(default_factory=_Tally)
+    rerender: _Tally = field(default_factory=_Tally)
+    rerender_refused: int = 0
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls.to_dict(),
+            "samples": {
+                "scanned": self.sequences.scanned,
+                "with_drifted_call": self.samples_with_drifted_call,
+            },
+            "sequences": self.sequences.to_dict(),
+            "template_rerender": {
+                "available": self.rerender.scanned > 0 or self.rerender_refused > 0,
+                **self.rerender.to_dict(),
+                "render_refused": self.rerender_refused,
+            },
+            "examples": self.examples,
+        }
+
+
+def captured_requests(sample: Sample) -> dict[str, tuple[list[Any], list[Any] | None]]:
+    """The chat messages (and tools) each call of `sample` was sent with, where captured.
+
+    Looked up in `metadata["call_messages"][call_id] = {"messages": [...], "tools": [...]}`, then
+    `metadata["messages"]` / `metadata["tools"]` for the sample's last call. Samples carry none today
+    (the collector keeps messages on `Call` only); this is where drift finds them once they do.
+    """
+    meta = sample.metadata
+    found: dict[str, tuple[list[Any], list[Any] | None]] = {}
+    per_call = meta.get("call_messages")
+    if isinstance(per_call, Mapping):
+        for call_id, request in per_call.items():
+            if isinstance(request, Mapping) and isinstance(request.get("messages"), list):
+                tools = request.get("tools")
+                found[str(call_id)] = (
+                    request["messages"],
+                    tools if isinstance(tools, list) else None,
+                )
+    if isinstance(meta.get("messages"), list) and sample.spans:
+        tools = meta.get("tools")
+        found.setdefault(
+            sample.spans[-1].call_id, (meta["messages"], tools if isinstance(tools, list) else None)
+        )
+    return found
+
+
+def measure_drift(
+    samples: Iterable[Sample],
+    tokenizer: Any,
+    *,
+    renderer: TemplateRenderer | None = None,
+    whole_sequences: bool = True,
+    progress: Progress | None = None,
+) -> DriftReport:
+    """Stream `samples` and count drift; tokenizer work is batched `_BATCH` calls at a time."""
+    report = DriftReport()
+    vocabulary = len(tokenizer)
+    for batch in _batches(samples, _BATCH):
+        check_vocabulary(batch, vocabulary)
+        _measure_batch(batch, tokenizer, renderer, whole_sequences, report)
+        if progress is not None:
+            for sample in batch:
+                progress.advance(sample.num_tokens)
+    return report
+
+
+def check_vocabulary(samples: Iterable[Sample], vocabulary: int) -> None:
+    """Refuse ids the tokenizer does not know (it would decode them to nothing): wrong tokenizer."""
+    for sample in samples:
+        if sample.num_tokens and int(sample.token_ids.max()) >= vocabulary:
+            raise CliInputError(
+                None,
+                f"sample {sample.sample_id} holds id {int(sample.token_ids.max())}, beyond the "
+                f"tokenizer's {vocabulary:,} ids: is --tokenizer the model's tokenizer?",
+            )
+
+
+def _batches(samples: Iterable[Sample], size: int) -> Iterator[list[Sample]]:
+    batch: list[Sample] = []
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _round_trip(
+    tokenizer: Any, id_lists: Sequence[IdArray]
+) -> tuple[list[str], list[IdArray], list[str]]:
+    """(texts, re-encoded ids, texts of the re-encoded ids) for many id arrays at once."""
+    texts: list[str] = tokenizer.batch_decode(
+        [ids.tolist() for ids in id_lists],
+        skip_special_tokens=False,
+        clean_up_tokenization_spaces=False,
+    )
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    again: list[str] = tokenizer.batch_decode(
+        encoded, skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
+    return texts, [np.asarray(e, dtype=np.int32) for e in encoded], again
+
+
+def _measure_batch(
+    batch: list[Sample],
+    tokenizer: Any,
+    renderer: TemplateRenderer | None,
+    whole_sequences: bool,
+    report: DriftReport,
+) -> None:
+    owners: list[tuple[Sample, str]] = []
+    sampled: list[IdArray] = []
+    for sample in batch:
+        for span in sample.spans:
+            owners.append((sample, span.call_id))
+            sampled.append(sample.token_ids[span.start : span.end])
+    texts, encoded, again = _round_trip(tokenizer, sampled)
+    drifted_samples: set[int] = set()
+    for (sample, call_id), ids, text, new_ids, new_text in zip(
+        owners, sampled, texts, encoded, again, strict=True
+    ):
+        kind, affected = _classify(ids, text, new_ids, new_text)
+        report.calls.add(int(ids.shape[0]), kind, affected)
+        if kind is not None:
+            drifted_samples.add(id(sample))
+            _example(report, "call", sample, call_id, ids, new_ids, tokenizer)
+    report.samples_with_drifted_call += len(drifted_samples)
+    if whole_sequences:
+        sequences = [s.token_ids for s in batch]
+        texts, encoded, again = _round_trip(tokenizer, sequences)
+        for ids, text, new_ids, new_text in zip(sequences, texts, encoded, again, strict=True):
+            kind, affected = _classify(ids, text, new_ids, new_text)
+            report.sequences.add(int(ids.shape[0]), kind, affected)
+    else:
+        for sample in batch:
+            report.sequences.scanned += 1
+            report.sequences.tokens += sample.num_tokens
+    if renderer is not None:
+        for sample in batch:
+            _rerender(sample, renderer, tokenizer, report)
+
+
+def _classify(ids: IdArray, text: str, new_ids: IdArray, new_text: str) -> tuple[str | None, int]:
+    if ids.shape == new_ids.shape and bool(np.array_equal(ids, new_ids)):
+        return None, 0
+    affected = int(ids.shape[0]) - common_prefix_len(ids, new_ids)
+    kind = "retokenized" if new_text == text and "\ufffd" not in text else "lossy_text"
+    return kind, max(affected, 1)
+
+
+def _rerender(
+    sample: Sample, renderer: TemplateRenderer, tokenizer: Any, report: DriftReport
+) -> None:
+    requests = captured_requests(sample)
+    for span in sample.spans:
+        request = requests.get(span.call_id)
+        if request is None:
+            continue
+        messages, tools = request
+        try:
+            text = renderer.render(messages, tools=tools, add_generation_prompt=True)
+        except RenderRefused:
+            report.rerender_refused += 1
+            continue
+        prompt = sample.token_ids[: span.start]
+        rendered = renderer.encode(text)
+        if rendered.shape == prompt.shape and bool(np.array_equal(rendered, prompt)):
+            report.rerender.add(int(prompt.shape[0]), None, 0)
+            continue
+        affected = int(prompt.shape[0]) - common_prefix_len(prompt, rendered)
+        old_text = tokenizer.decode(prompt.tolist(), skip_special_tokens=False)
+        if old_text == text:
+            kind = "retokenized"
+        elif normalize_template_text(old_text) == normalize_template_text(text):
+            kind = "template_rerender"
+        else:
+            kind = "content"
+        report.rerender.add(int(prompt.shape[0]), kind, max(affected, 1))
+        _example(report, "template", sample, span.call_id, prompt, rendered, tokenizer)
+
+
+def _example(
+    report: DriftReport,
+    where: str,
+    sample: Sample,
+    call_id: str,
+    ids: IdArray,
+    new_ids: IdArray,
+    tokenizer: Any,
+) -> None:
+    if len(report.examples) >= _EXAMPLES:
+        return
+    p = common_prefix_len(ids, new_ids)
+    lo = max(0, p - 2)
+
+    def pieces(values: IdArray) -> list[str]:
+        return [
+            tokenizer.decode([int(i)], skip_special_tokens=False) for i in values[lo : p + _EXCERPT]
+        ]
+
+    report.examples.append(
+        {
+            "where": where,
+            "sample_id": sample.sample_id,
+            "call_id": call_id,
+            "position": p,
+            "captured": pieces(ids),
+            "captured_ids": ids[lo : p + _EXCERPT].tolist(),
+            "re_encoded": pieces(new_ids),
+            "re_encoded_ids": new_ids[lo : p + _EXCERPT].tolist(),
+        }
+    )
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "drift",
+        help="how many calls, samples and tokens would drift under decode->encode or re-rendering",
+        description="Count what re-tokenizing text (instead of keeping the sampled ids) would change.",
+    )
+    parser.add_argument("samples_file", help="a samples file written by any sink")
+    parser.add_argument(
+        "--tokenizer",
+        required=True,
+        metavar="DIR_OR_GGUF",
+        help="the model's tokenizer: a local folder or a GGUF file",
+    )
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="template for re-rendering captured messages (default: the tokenizer's own)",
+    )
+    parser.add_argument(
+        "--calls-only",
+        action="store_true",
+        help="skip the whole-sequence round trip (faster on long samples)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--progress", action="store_true", help="draw progress even when not a TTY")
+    parser.add_argument("--allow-truncated", action="store_true", help="skip a torn last line")
+    parser.add_argument("--fail-on-drift", action="store_true", help="exit 1 when any call drifted")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    samples = open_samples(args.samples_file, allow_truncated=args.allow_truncated)
+    tokenizer = load_tokenizer(args.tokenizer)
+    renderer = _renderer(args, tokenizer)
+    with Progress(
+        "drift",
+        enabled=progress_enabled(args.progress),
+        total=samples.estimated_samples,
+        estimated=not samples.count_is_exact,
+    ) as progress:
+        report = measure_drift(
+            samples,
+            tokenizer,
+            renderer=renderer,
+            whole_sequences=not args.calls_only,
+            progress=progress,
+        )
+    data = {"file": str(samples.path), "tokenizer": str(args.tokenizer), **report.to_dict()}
+    if args.json:
+        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        sys.stdout.write(format_drift(data) + "\n")
+    drifted = report.calls.drifted > 0
+    return EXIT_FINDINGS if drifted and args.fail_on_drift else EXIT_OK
+
+
+def _renderer(args: argparse.Namespace, tokenizer: Any) -> TemplateRenderer | None:
+    """The template that re-renders captured messages: `--chat-template`, else the tokenizer's."""
+    if args.chat_template:
+        path = Path(args.chat_template)
+        try:
+            template = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliInputError(path, f"cannot read template: {exc}") from exc
+        return TemplateRenderer(str(path), template, tokenizer, str(args.tokenizer), True)
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, str) and own.strip():
+        return TemplateRenderer(str(args.tokenizer), own, tokenizer, str(args.tokenizer), True)
+    return None

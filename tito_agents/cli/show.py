@@ -1,0 +1,241 @@
+"""`tito-agents show`: one sample, token by token, in the terminal or as a self-contained HTML page.
+
+Context tokens, trained (sampled) tokens and tool/environment tokens have their own colours; token
+boundaries show as alternating shades (or `|` without colour); rewrite points and the end reason are
+marked inline and listed; rewards and per-call spans come first. The file is streamed until the
+sample is found, keeping only the samples of its episode (to find where it and its siblings diverge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tito_agents.cli._errors import EXIT_OK, CliInputError
+from tito_agents.cli._html import render_html
+from tito_agents.cli._layout import CLASS_NAMES, CONTEXT, ENV, TRAINED, SampleView, build_view
+from tito_agents.cli._term import Painter, color_enabled, table
+from tito_agents.cli._tokenizers import decode_tokens, load_tokenizer
+from tito_agents.cli.drift import check_vocabulary
+from tito_agents.cli.sources import open_samples
+from tito_agents.samples import Sample
+
+__all__ = ["add_parser", "find_sample", "format_sample", "run", "token_texts"]
+
+# 256-colour backgrounds, two shades per class so neighbouring tokens are told apart.
+_SHADES = {
+    CONTEXT: ("48;5;236", "48;5;238"),
+    ENV: ("48;5;94", "48;5;130"),
+    TRAINED: ("48;5;22", "48;5;28"),
+}
+_FOREGROUND = {CONTEXT: "38;5;250", ENV: "38;5;230", TRAINED: "38;5;194"}
+_VISIBLE = {"\n": "↵\n", "\t": "→", "\r": "␍"}
+
+
+def find_sample(
+    samples: Iterable[Sample], *, sample_id: str | None = None, index: int = 0
+) -> tuple[Sample, list[Sample], int]:
+    """The wanted sample, the samples of its episode (contiguous in the file, itself included, in
+    file order) and how many samples were read. `sample_id` may be a unique prefix."""
+    episode: list[Sample] = []
+    target: Sample | None = None
+    read = 0
+    for sample in samples:
+        read += 1
+        if target is not None:
+            if sample.episode_id != target.episode_id:
+                break
+            episode.append(sample)
+            continue
+        if episode and sample.episode_id != episode[-1].episode_id:
+            episode = []
+        episode.append(sample)
+        if _wanted(sample, read - 1, sample_id, index):
+            target = sample
+    if target is None:
+        wanted = f"sample id {sample_id!r}" if sample_id else f"sample #{index}"
+        raise CliInputError(None, f"no {wanted} among {read:,} samples")
+    return target, episode, read
+
+
+def _wanted(sample: Sample, position: int, sample_id: str | None, index: int) -> bool:
+    if sample_id is None:
+        return position == index
+    return sample.sample_id == sample_id or sample.sample_id.startswith(sample_id)
+
+
+def token_texts(sample: Sample, tokenizer: Any | None) -> list[str]:
+    """Each token's text (decoded with `tokenizer`), or its id when there is no tokenizer."""
+    if tokenizer is None:
+        return [str(int(i)) for i in sample.token_ids]
+    return decode_tokens(tokenizer, sample.token_ids)
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "show",
+        help="one sample token by token: context, trained and tool tokens, spans, rewrite points",
+        description="Show one sample in the terminal, or write it as a self-contained HTML page.",
+    )
+    parser.add_argument("samples_file", help="a samples file written by any sink")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--sample", metavar="ID", help="sample id (or a unique prefix of it)")
+    which.add_argument("--index", type=int, default=0, metavar="N", help="the N-th sample (0)")
+    parser.add_argument(
+        "--tokenizer", metavar="DIR_OR_GGUF", help="decode tokens to text (else ids are shown)"
+    )
+    parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML page to OUT")
+    parser.add_argument(
+        "--json", action="store_true", help="print counts, spans and markers as JSON"
+    )
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    parser.add_argument("--allow-truncated", action="store_true", help="skip a torn last line")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    samples = open_samples(args.samples_file, allow_truncated=args.allow_truncated)
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    target, episode, _ = find_sample(samples, sample_id=args.sample, index=args.index)
+    if tokenizer is not None:
+        check_vocabulary([target], len(tokenizer))
+    view = build_view(target, episode)
+    texts = token_texts(target, tokenizer)
+    if args.html:
+        out = Path(args.html)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(
+                render_html(view, texts, source=str(samples.path), ids_only=tokenizer is None),
+                encoding="utf-8",
+            )
+        except OSError as exc:
+            raise CliInputError(out, f"cannot write: {exc.strerror or exc}") from exc
+    if args.json:
+        data = {**view.to_dict(), **_header_data(target), "html": args.html}
+        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif args.html:
+        counts = view.counts()
+        sys.stdout.write(
+            f"wrote {args.html}: sample {target.sample_id}, {counts['tokens']:,} tokens "
+            f"({counts['trained']:,} trained, {counts['env']:,} tool/env, "
+            f"{counts['context']:,} context), {counts['rewrite_points']} rewrite point(s)\n"
+        )
+    else:
+        paint = Painter(color_enabled(args.color))
+        sys.stdout.write(format_sample(view, texts, paint) + "\n")
+    return EXIT_OK
+
+
+def _header_data(sample: Sample) -> dict[str, Any]:
+    return {
+        "episode_id": sample.episode_id,
+        "agent": sample.agent,
+        "model": sample.model,
+        "task_id": sample.task_id,
+        "reward": sample.reward,
+        "start_reason": sample.start_reason,
+        "end_reason": sample.end_reason,
+        "spans": [s.to_dict() for s in sample.spans],
+    }
+
+
+def format_sample(view: SampleView, texts: list[str], paint: Painter) -> str:
+    """Header, spans table, legend, then the tokens with markers inline, then the markers listed."""
+    sample = view.sample
+    counts = view.counts()
+    lp = "yes" if sample.logprobs is not None else "no"
+    lines = [
+        paint(f"sample {sample.sample_id}", "bold")
+        + f"  episode {sample.episode_id}  agent {sample.agent or '-'}  model {sample.model or '-'}",
+        f"reward {_reward(sample.reward)}   start {sample.start_reason}   end {sample.end_reason}"
+        f"   logprobs {lp}",
+        f"tokens {counts['tokens']:,}: context {counts['context']:,}, tool/env {counts['env']:,}, "
+        f"trained {counts['trained']:,}   calls {counts['calls']}   rewrite points "
+        f"{counts['rewrite_points']}",
+        "",
+        table(
+            ("#", "call", "context", "sampled", "finish", "reward", "policy"),
+            [
+                (
+                    k,
+                    s.call_id,
+                    f"{s.context_start}:{s.start}",
+                    f"{s.start}:{s.end}",
+                    s.finish_reason or "-",
+                    _reward(s.reward),
+                    s.policy_version or "-",
+                )
+                for k, s in enumerate(sample.spans)
+            ],
+        ),
+        "",
+        "legend: " + "  ".join(_legend(paint)) + "   ⟂ rewrite point / end",
+        "",
+        _tokens(view, texts, paint),
+        "",
+    ]
+    for marker in view.markers:
+        lines.append(
+            paint(
+                f"⟂ @{marker.position}: {marker.label}",
+                "magenta" if marker.kind != "end" else "grey",
+            )
+        )
+    return "\n".join(lines)
+
+
+def _legend(paint: Painter) -> list[str]:
+    names = {CONTEXT: "context", ENV: "tool/env", TRAINED: "trained"}
+    return [_paint_token(paint, f" {names[c]} ", c, 0) for c in (CONTEXT, ENV, TRAINED)]
+
+
+def _tokens(view: SampleView, texts: list[str], paint: Painter) -> str:
+    markers_at: dict[int, list[str]] = {}
+    for marker in view.markers:
+        markers_at.setdefault(marker.position, []).append(marker.reason)
+    out: list[str] = []
+    previous = -1
+    for i, text in enumerate(texts):
+        for reason in markers_at.get(i, ()):
+            out.append(paint(f"⟂{reason}⟂", "1", "38;5;201") if paint.enabled else f"⟂{reason}⟂")
+        cls = int(view.classes[i])
+        if paint.enabled:
+            out.append(_paint_token(paint, _visible(text), cls, i))
+        else:
+            if cls != previous:
+                call = int(view.call_of[i])
+                where = f" call {call}" if call >= 0 else ""
+                out.append(f"«{CLASS_NAMES[cls]}{where}»")
+            elif out and not out[-1].endswith(("\n", "⟂")):
+                out.append("|")  # a token boundary; none at a line start
+            out.append(_visible(text))
+        previous = cls
+    for reason in markers_at.get(len(texts), ()):
+        out.append(paint(f"⟂{reason}⟂", "1", "38;5;201"))
+    return "".join(out)
+
+
+def _paint_token(paint: Painter, text: str, cls: int, i: int) -> str:
+    """A token in its class colours; newlines stay outside the codes so shades never bleed."""
+    if not paint.enabled:
+        return text
+    return "\n".join(
+        paint(part, _FOREGROUND[cls], _SHADES[cls][i % 2]) if part else ""
+        for part in text.split("\n")
+    )
+
+
+def _visible(text: str) -> str:
+    for raw, shown in _VISIBLE.items():
+        text = text.replace(raw, shown)
+    return text
+
+
+def _reward(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

@@ -1,0 +1,262 @@
+"""`tito-agents stats`: what a samples file holds, in one streamed pass.
+
+Episodes, samples (per-call and merged), calls, tokens, trained fraction, samples per episode,
+divergences by kind (each divergence starts exactly one merged sample, so they are counted from
+`start_reason`), start and end reasons, reward distribution. Per-sample work is a few counter updates
+and one vectorised `np.count_nonzero` over the loss mask, so a scan runs at the reader's speed; memory
+holds one number per sample (its reward and length) and one counter per episode, never token arrays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tito_agents.cli._errors import EXIT_OK
+from tito_agents.cli._progress import Progress, progress_enabled
+from tito_agents.cli._term import human_bytes, percent, table
+from tito_agents.cli.sources import SampleFile, open_samples
+from tito_agents.divergence import EPISODE_START, DivergenceKind
+from tito_agents.samples import Sample
+
+__all__ = ["SampleStats", "add_parser", "collect_stats", "run"]
+
+PER_CALL_START = "call"
+"""`start_reason` of a per-call sample (assembly.per_call_sample)."""
+DIVERGENCE_KINDS = frozenset(k.value for k in DivergenceKind)
+_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+_HISTOGRAM_BINS = 10
+_DISTINCT_REWARDS_SHOWN = 8
+
+
+@dataclass(slots=True)
+class SampleStats:
+    """Running totals over a stream of samples; `add` is the only per-sample work."""
+
+    samples: int = 0
+    per_call_samples: int = 0
+    calls: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    with_logprobs: int = 0
+    samples_per_episode: Counter[str] = field(default_factory=Counter)
+    start_reasons: Counter[str] = field(default_factory=Counter)
+    end_reasons: Counter[str] = field(default_factory=Counter)
+    agents: Counter[str] = field(default_factory=Counter)
+    rewards: array[float] = field(default_factory=lambda: array("d"))
+    lengths: array[int] = field(default_factory=lambda: array("q"))
+
+    def add(self, sample: Sample) -> None:
+        """Count one sample."""
+        n = sample.token_ids.shape[0]
+        self.samples += 1
+        self.tokens += n
+        self.lengths.append(n)
+        self.trained_tokens += int(np.count_nonzero(sample.loss_mask))
+        self.calls += len(sample.spans) or len(sample.call_ids)
+        if sample.logprobs is not None:
+            self.with_logprobs += 1
+        self.samples_per_episode[sample.episode_id] += 1
+        self.start_reasons[sample.start_reason] += 1
+        self.end_reasons[sample.end_reason] += 1
+        self.agents["(none)" if sample.agent is None else sample.agent] += 1
+        if sample.start_reason == PER_CALL_START:
+            self.per_call_samples += 1
+        if sample.reward is not None:
+            self.rewards.append(float(sample.reward))
+
+    def divergences_by_kind(self) -> dict[str, int]:
+        """Divergences counted by the kind that started a merged sample."""
+        return {k: n for k, n in sorted(self.start_reasons.items()) if k in DIVERGENCE_KINDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as JSON-ready data (the `--json` output)."""
+        per_episode = np.fromiter(self.samples_per_episode.values(), dtype=np.int64)
+        lengths = np.frombuffer(self.lengths, dtype=np.int64) if self.lengths else None
+        return {
+            "episodes": len(self.samples_per_episode),
+            "samples": self.samples,
+            "per_call_samples": self.per_call_samples,
+            "merged_samples": self.samples - self.per_call_samples,
+            "merged_first_samples": self.start_reasons.get(EPISODE_START, 0),
+            "calls": self.calls,
+            "tokens": self.tokens,
+            "trained_tokens": self.trained_tokens,
+            "trained_fraction": self.trained_tokens / self.tokens if self.tokens else 0.0,
+            "samples_with_logprobs": self.with_logprobs,
+            "samples_per_episode": _distribution(per_episode),
+            "tokens_per_sample": _distribution(lengths),
+            "divergences": sum(self.divergences_by_kind().values()),
+            "divergences_by_kind": self.divergences_by_kind(),
+            "start_reasons": dict(sorted(self.start_reasons.items())),
+            "end_reasons": dict(sorted(self.end_reasons.items())),
+            "agents": dict(self.agents.most_common()),
+            "rewards": _reward_summary(self.rewards, self.samples),
+        }
+
+
+def collect_stats(samples: SampleFile, *, show_progress: bool = False) -> SampleStats:
+    """Stream `samples` once and return the totals."""
+    stats = SampleStats()
+    with Progress(
+        "stats",
+        enabled=show_progress,
+        total=samples.estimated_samples,
+        estimated=not samples.count_is_exact,
+    ) as progress:
+        for sample in samples:
+            stats.add(sample)
+            progress.advance(sample.token_ids.shape[0])
+    return stats
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "stats",
+        help="episodes, samples, tokens, trained fraction, divergences, rewards of a samples file",
+        description="Summarise a samples file in one streamed pass.",
+    )
+    parser.add_argument(
+        "samples_file", help="a samples file written by any sink (JSONL, Parquet, ...)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--progress", action="store_true", help="draw progress even when not a TTY")
+    parser.add_argument(
+        "--allow-truncated", action="store_true", help="skip a torn last line instead of failing"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    samples = open_samples(args.samples_file, allow_truncated=args.allow_truncated)
+    stats = collect_stats(samples, show_progress=progress_enabled(args.progress))
+    summary = stats.to_dict()
+    if args.json:
+        summary = {"file": str(samples.path), "format": samples.format, **summary}
+        sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        sys.stdout.write(format_stats(summary, samples) + "\n")
+    return EXIT_OK
+
+
+def format_stats(summary: dict[str, Any], samples: SampleFile) -> str:
+    """The human-readable summary."""
+    s = summary
+    per_ep = s["samples_per_episode"]
+    lengths = s["tokens_per_sample"]
+    rows: list[tuple[str, object, str]] = [
+        ("episodes", s["episodes"], ""),
+        (
+            "samples",
+            s["samples"],
+            f"per-call {s['per_call_samples']:,}, merged {s['merged_samples']:,}",
+        ),
+        (
+            "samples per episode",
+            per_ep["mean"],
+            f"min {per_ep['min']}, median {per_ep['p50']:g}, max {per_ep['max']}",
+        ),
+        ("calls", s["calls"], ""),
+        (
+            "tokens",
+            s["tokens"],
+            f"per sample: mean {lengths['mean']:,.0f}, min {lengths['min']}, max {lengths['max']}",
+        ),
+        ("trained tokens", s["trained_tokens"], percent(s["trained_tokens"], s["tokens"])),
+        (
+            "samples with logprobs",
+            s["samples_with_logprobs"],
+            percent(s["samples_with_logprobs"], s["samples"]),
+        ),
+        ("divergences", s["divergences"], ""),
+    ]
+    size = human_bytes(samples.size_bytes)
+    lines = [f"{samples.path} ({samples.format}, {size})", ""]
+    lines.append(table(("", "value", "detail"), rows))
+    if s["divergences_by_kind"]:
+        lines += ["", "divergences by kind"]
+        lines.append(table(("kind", "count"), list(s["divergences_by_kind"].items()), indent="  "))
+    lines += ["", "start reasons: " + _counts(s["start_reasons"])]
+    lines.append("end reasons:   " + _counts(s["end_reasons"]))
+    if s["agents"] and list(s["agents"]) != ["(none)"]:
+        lines.append("agents:        " + _counts(s["agents"]))
+    lines += ["", _format_rewards(s["rewards"])]
+    return "\n".join(lines)
+
+
+def _counts(counter: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in counter.items()) or "-"
+
+
+def _distribution(values: np.ndarray[Any, Any] | None) -> dict[str, Any]:
+    if values is None or values.size == 0:
+        return {"min": 0, "mean": 0.0, "p50": 0, "p90": 0, "max": 0}
+    return {
+        "min": int(values.min()),
+        "mean": float(values.mean()),
+        "p50": float(np.median(values)),
+        "p90": float(np.quantile(values, 0.9)),
+        "max": int(values.max()),
+    }
+
+
+def _reward_summary(rewards: array[float], samples: int) -> dict[str, Any]:
+    values = np.frombuffer(rewards, dtype=np.float64) if rewards else np.zeros(0)
+    summary: dict[str, Any] = {"count": int(values.size), "unset": samples - int(values.size)}
+    if values.size == 0:
+        return summary
+    summary.update(
+        mean=float(values.mean()),
+        std=float(values.std()),
+        min=float(values.min()),
+        max=float(values.max()),
+        quantiles={f"p{round(q * 100)}": float(np.quantile(values, q)) for q in _QUANTILES},
+    )
+    distinct, counts = np.unique(values, return_counts=True)
+    if distinct.size <= _DISTINCT_REWARDS_SHOWN:
+        summary["values"] = {repr(float(v)): int(c) for v, c in zip(distinct, counts, strict=True)}
+    else:
+        hist, edges = np.histogram(values, bins=_HISTOGRAM_BINS)
+        summary["histogram"] = {
+            "edges": [float(e) for e in edges],
+            "counts": [int(c) for c in hist],
+        }
+    return summary
+
+
+def _format_rewards(rewards: dict[str, Any]) -> str:
+    head = f"rewards: {rewards['count']:,} set, {rewards['unset']:,} unset"
+    if not rewards["count"]:
+        return head
+    q = rewards["quantiles"]
+    lines = [
+        head,
+        f"  mean {rewards['mean']:.4g}  std {rewards['std']:.4g}  min {rewards['min']:.4g}  "
+        f"p10 {q['p10']:.4g}  p50 {q['p50']:.4g}  p90 {q['p90']:.4g}  max {rewards['max']:.4g}",
+    ]
+    if "values" in rewards:
+        total = max(rewards["values"].values())
+        for value, count in rewards["values"].items():
+            lines.append(f"  {value:>10}  {_bar(count, total)} {count:,}")
+    else:
+        hist = rewards["histogram"]
+        total = max(hist["counts"]) or 1
+        edges = hist["edges"]
+        for i, count in enumerate(hist["counts"]):
+            label = (
+                f"[{edges[i]:.3g}, {edges[i + 1]:.3g}{']' if i == len(hist['counts']) - 1 else ')'}"
+            )
+            lines.append(f"  {label:>20}  {_bar(count, total)} {count:,}")
+    return "\n".join(lines)
+
+
+def _bar(count: int, total: int, width: int = 30) -> str:
+    filled = round(width * count / total) if total else 0
+    return "█" * filled + " " * (width - filled)

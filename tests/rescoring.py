@@ -67,5 +67,7 @@ def rescore_sample(
     for span in sample.spans:
         if skip_calls and span.call_id in skip_calls:
             trained[span.start : span.end] = False
+    if not trained.any():
+        return Rescore(0.0, 0.0, 0)
     diff = np.abs(again[trained] - sample.logprobs[trained].astype(np.float64))
     return Rescore(float(diff.mean()), float(diff.max()), int(trained.sum()))

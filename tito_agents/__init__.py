@@ -49,7 +49,7 @@ from tito_agents.merge import (
     merged_samples,
 )
 from tito_agents.samples import CallSpan, Sample
-from tito_agents.sinks import CallbackSink, JsonlSink, MemorySink, Sink, read_samples
+from tito_agents.sinks import CallbackSink, JsonlSink, MemorySink, Sink, open_sink, read_samples
 
 __version__ = "0.1.0"
 
@@ -94,6 +94,7 @@ __all__ = [
     "current_episode",
     "labels",
     "merged_samples",
+    "open_sink",
     "read_samples",
     "register_resolver",
     "unregister_resolver",

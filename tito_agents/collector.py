@@ -19,7 +19,7 @@ from tito_agents.episodes import Episode
 from tito_agents.errors import ConfigurationError, EpisodeCaptureError
 from tito_agents.merge import AssemblyMode, assemble
 from tito_agents.samples import Sample
-from tito_agents.sinks import JsonlSink, Sink
+from tito_agents.sinks import Sink
 
 logger = logging.getLogger("tito_agents")
 
@@ -58,7 +58,8 @@ class CaptureStats:
 class Collector:
     """Captures calls to vLLM, scopes them to episodes, writes samples to a sink.
 
-    sink: a `Sink`, or a path for the default JSON Lines sink; None keeps samples in memory
+    sink: a `Sink`, or a path / URL for `open_sink` (`samples.jsonl`, `out/samples.parquet`,
+        `redis://host/0?stream=samples`, `ray://queue`, ...); None keeps samples in memory
         (`collector.sink.samples`).
     capture_logprobs: also ask vLLM for the logprob of each sampled token (unless the caller set
         `logprobs` itself); off by default, since it costs the server and the wire.
@@ -95,7 +96,9 @@ class Collector:
 
             sink = MemorySink()
         elif not isinstance(sink, Sink):
-            sink = JsonlSink(sink)
+            from tito_agents.sinks.registry import open_sink
+
+            sink = open_sink(sink)
         self.sink: Sink = sink
         self.capture_logprobs = capture_logprobs
         self.error_policy = ErrorPolicy(errors)

@@ -1,7 +1,27 @@
-"""Sinks: where samples go. A small interface (write / flush / close, sync and async) and the
-embedded default, a local JSON Lines file."""
+"""Sinks: where samples go. A small interface (write / flush / close, sync and async), the embedded
+default (a local JSON Lines file), and sinks at scale: rotating columnar files, an asyncio queue,
+Redis Streams and Ray, with buffering, retries and spill-to-disk (`open_sink` picks one from a
+path or URL). Optional libraries (pyarrow, redis, ray) are imported only when used."""
 
 from tito_agents.sinks.base import CallbackSink, MemorySink, Sink
+from tito_agents.sinks.buffered import BufferedSink, ExportStats, RetryPolicy
+from tito_agents.sinks.files import RotatingFileSink, read_file_samples, read_file_table
 from tito_agents.sinks.jsonl import JsonlSink, read_samples
+from tito_agents.sinks.queue import AsyncQueueSink
+from tito_agents.sinks.registry import open_sink
 
-__all__ = ["CallbackSink", "JsonlSink", "MemorySink", "Sink", "read_samples"]
+__all__ = [
+    "AsyncQueueSink",
+    "BufferedSink",
+    "CallbackSink",
+    "ExportStats",
+    "JsonlSink",
+    "MemorySink",
+    "RetryPolicy",
+    "RotatingFileSink",
+    "Sink",
+    "open_sink",
+    "read_file_samples",
+    "read_file_table",
+    "read_samples",
+]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Self
 
 from tito_agents.samples import Sample
 
@@ -36,7 +37,7 @@ class Sink:
     async def aclose(self) -> None:
         self.close()
 
-    def __enter__(self) -> Sink:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,231 @@
+"""`open_sink(spec)`: pick a sink with one argument (a path or a URL), options in the query string.
+
+    open_sink("out/samples.jsonl")                       # JSON Lines, one file (the default sink)
+    open_sink("out/samples.parquet")                     # rotating Parquet parts (zstd)
+    open_sink("out/samples.arrow?max_file_samples=10000")
+    open_sink("redis://:secret@10.0.0.5:6379/0?stream=rollouts&max_backlog=50000")
+    open_sink("rediss://user:pw@redis.internal:6380/0")  # TLS; ssl_ca_certs=... as keyword
+    open_sink("ray://tito-samples?namespace=rl")         # a named Ray queue actor (the name is
+                                                         # not a Ray Client address: use address=)
+    open_sink("asyncio://?maxsize=1024")                 # in-process asyncio queue
+    open_sink("memory://")
+
+Network sinks (Redis, Ray) come wrapped in a `BufferedSink` (buffer, retry with backoff, spill to
+`~/.cache/tito-agents/spill/<destination>` or `$TITO_SPILL_DIR`) unless `buffered=False`; file
+and in-process sinks are not, unless `buffered=True`. Keyword options override the query string.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from tito_agents.errors import ConfigurationError
+from tito_agents.sinks.base import MemorySink, Sink
+from tito_agents.sinks.buffered import BufferedSink
+from tito_agents.sinks.jsonl import JsonlSink
+
+_Parser = Callable[[str], Any]
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _optional_int(text: str) -> int | None:
+    return None if text.strip().lower() in ("", "none") else int(text)
+
+
+def _optional_float(text: str) -> float | None:
+    return None if text.strip().lower() in ("", "none") else float(text)
+
+
+def _optional_str(text: str) -> str | None:
+    return None if text.strip().lower() in ("", "none") else text
+
+
+_BUFFER_OPTIONS: dict[str, _Parser] = {
+    "max_buffer_samples": int,
+    "max_buffer_bytes": int,
+    "linger": float,
+    "close_timeout": float,
+    "block_timeout": _optional_float,
+}
+_FILE_OPTIONS: dict[str, _Parser] = {
+    "format": str,
+    "max_file_samples": _optional_int,
+    "max_file_bytes": _optional_int,
+    "max_file_seconds": _optional_float,
+    "compression": _optional_str,
+    "row_group_size": int,
+    "fsync": _bool,
+    "recover": _bool,
+}
+_REDIS_OPTIONS: dict[str, _Parser] = {
+    "stream": str,
+    "maxlen": _optional_int,
+    "approximate": _bool,
+    "max_backlog": _optional_int,
+    "backlog_timeout": float,
+    "batch_size": int,
+    "transaction": _bool,
+    "ssl_ca_certs": str,
+    "ssl_certfile": str,
+    "ssl_keyfile": str,
+    "ssl_cert_reqs": str,
+    "ssl_check_hostname": _bool,
+    "socket_timeout": _optional_float,
+    "connect_timeout": _optional_float,
+}
+_RAY_OPTIONS: dict[str, _Parser] = {
+    "namespace": str,
+    "address": str,
+    "capacity": int,
+    "batch_size": int,
+    "batch_bytes": int,
+    "max_inflight": int,
+    "lease_timeout": float,
+    "recover_timeout": float,
+    "adopt": str,
+}
+_QUEUE_OPTIONS: dict[str, _Parser] = {"maxsize": int, "max_bytes": _optional_int}
+_ROTATION = ("max_file_samples", "max_file_bytes", "max_file_seconds", "format", "compression")
+
+
+def open_sink(
+    spec: str | os.PathLike[str] | Sink,
+    *,
+    buffered: bool | None = None,
+    spill_dir: str | os.PathLike[str] | None = "default",
+    **options: Any,
+) -> Sink:
+    """The sink `spec` names (see the module docstring); `ConfigurationError` for a bad spec.
+
+    buffered: wrap in a `BufferedSink` (default: for Redis and Ray only).
+    spill_dir: where a buffered sink spills; "default" = ``$TITO_SPILL_DIR/<destination>`` or
+        ``~/.cache/tito-agents/spill/<destination>``; None = no spill (backpressure instead).
+    options: sink options (also accepted in the query string) and buffer options
+        (`max_buffer_samples`, `max_buffer_bytes`, `linger`, `close_timeout`, `block_timeout`).
+    """
+    if isinstance(spec, Sink):
+        inner, network, key = spec, False, type(spec).__name__
+        buffer_options = {k: options.pop(k) for k in list(options) if k in _BUFFER_OPTIONS}
+        if options:
+            raise ConfigurationError(f"options {sorted(options)} do not apply to a Sink object")
+    else:
+        inner, network, key, buffer_options = _build(str(spec), options)
+    if not (network if buffered is None else buffered):
+        if buffer_options:
+            raise ConfigurationError(f"{sorted(buffer_options)} need buffered=True")
+        return inner
+    folder = default_spill_dir(key) if spill_dir == "default" else spill_dir
+    return BufferedSink(inner, spill_dir=folder, name=key, **buffer_options)
+
+
+def default_spill_dir(destination: str) -> Path:
+    """``$TITO_SPILL_DIR/<destination>``, else ``$XDG_CACHE_HOME`` (or ``~/.cache``)
+    ``/tito-agents/spill/<destination>``; the name is made filesystem-safe."""
+    root = os.environ.get("TITO_SPILL_DIR")
+    if root is None:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+        root = os.path.join(cache, "tito-agents", "spill")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", destination).strip("_") or "sink"
+    return Path(root) / safe[:120]
+
+
+def _take(
+    query: dict[str, str], options: dict[str, Any], table: dict[str, _Parser], what: str
+) -> dict[str, Any]:
+    """Typed sink options from the query string, then keyword options on top."""
+    out: dict[str, Any] = {}
+    for name, text in query.items():
+        if name not in table:
+            raise ConfigurationError(
+                f"unknown option {name!r} for a {what} sink; known: {sorted(table)}"
+            )
+        try:
+            out[name] = table[name](text)
+        except ValueError as exc:
+            raise ConfigurationError(f"option {name}={text!r}: {exc}") from exc
+    for name in list(options):
+        if name in table:
+            out[name] = options.pop(name)
+    return out
+
+
+def _split(spec: str) -> tuple[Any, dict[str, str]]:
+    parts = urlsplit(spec)
+    return parts, dict(parse_qsl(parts.query, keep_blank_values=True))
+
+
+def _build(spec: str, options: dict[str, Any]) -> tuple[Sink, bool, str, dict[str, Any]]:
+    """(sink, is_network, destination key, buffer options)."""
+    parts, query = _split(spec)
+    scheme = parts.scheme.lower() if len(parts.scheme) > 1 else ""  # "C:" is not a scheme
+    buffer_query = {k: query.pop(k) for k in list(query) if k in _BUFFER_OPTIONS}
+    buffer_options = _take(buffer_query, options, _BUFFER_OPTIONS, "buffered")
+    if scheme in ("redis", "rediss"):
+        from tito_agents.sinks.redis_streams import DEFAULT_STREAM, RedisStreamSink
+
+        ours = {k: query.pop(k) for k in list(query) if k in _REDIS_OPTIONS}
+        kwargs = _take(ours, options, _REDIS_OPTIONS, "Redis")
+        kwargs.update(_pop_passthrough(options, ("username", "password", "client")))
+        _refuse_leftovers(options, "Redis")
+        url = urlunsplit(parts._replace(query=urlencode(query)))
+        stream = kwargs.get("stream", DEFAULT_STREAM)
+        key = f"redis-{parts.hostname}-{parts.port or 6379}{parts.path}-{stream}"
+        return RedisStreamSink(url, **kwargs), True, key, buffer_options
+    if scheme == "ray":
+        from tito_agents.sinks.ray_queue import DEFAULT_NAME, RaySink
+
+        kwargs = _take(query, options, _RAY_OPTIONS, "Ray")
+        kwargs.update(options.pop("init_options", None) or {})  # for ray.init, if not connected
+        _refuse_leftovers(options, "Ray")
+        name = (parts.netloc + parts.path).strip("/") or DEFAULT_NAME
+        return RaySink(name, **kwargs), True, f"ray-{name}", buffer_options
+    if scheme in ("asyncio", "queue"):
+        from tito_agents.sinks.queue import AsyncQueueSink
+
+        kwargs = _take(query, options, _QUEUE_OPTIONS, "asyncio queue")
+        kwargs.update(_pop_passthrough(options, ("spill_dir", "loop")))
+        _refuse_leftovers(options, "asyncio queue")
+        return AsyncQueueSink(**kwargs), False, "asyncio", buffer_options
+    if scheme == "memory":
+        _refuse_leftovers({**query, **options}, "memory")
+        return MemorySink(), False, "memory", buffer_options
+    if scheme not in ("", "file"):
+        raise ConfigurationError(
+            f"unknown sink {spec!r}: use a .jsonl/.parquet/.arrow path, redis://, rediss://, "
+            "ray://, asyncio:// or memory://"
+        )
+    path = parts.path if scheme == "file" else spec.split("?", 1)[0]
+    if not path:
+        raise ConfigurationError(f"no path in {spec!r}")
+    kwargs = _take(query if "?" in spec else {}, options, _FILE_OPTIONS, "file")
+    _refuse_leftovers(options, "file")
+    from tito_agents.sinks.files import format_for
+
+    plain_jsonl = format_for(path) == "jsonl" and not any(k in kwargs for k in _ROTATION)
+    if plain_jsonl and set(kwargs) <= {"fsync"}:
+        return JsonlSink(path, **kwargs), False, f"file-{path}", buffer_options
+    from tito_agents.sinks.files import RotatingFileSink
+
+    return RotatingFileSink(path, **kwargs), False, f"file-{path}", buffer_options
+
+
+def _pop_passthrough(options: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: options.pop(name) for name in names if name in options}
+
+
+def _refuse_leftovers(options: dict[str, Any], what: str) -> None:
+    if options:
+        raise ConfigurationError(f"unknown option(s) {sorted(options)} for a {what} sink")

@@ -158,10 +158,12 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     from canned_server import build_bodies
 
-    json_body, _ = build_bodies(PROMPT, COMPLETION)
+    json_body, _ = build_bodies(PROMPT, COMPLETION, logprobs=False)
+    lp_body, _ = build_bodies(PROMPT, COMPLETION, logprobs=True)
     request_body = (
         b'{"messages":[{"role":"user","content":"benchmark"}],"model":"bench","max_tokens":1024}'
     )
+    lp_request = request_body[:-1] + b',"logprobs":true}'
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, str(HERE / "canned_server.py"), str(port), str(PROMPT), str(COMPLETION)],
@@ -177,7 +179,8 @@ def main() -> int:
         server.terminate()
         server.wait()
     cpu_ms = capture_cpu_per_call(json_body, request_body)
-    bpt = bytes_per_token(json_body, request_body)
+    cpu_lp_ms = capture_cpu_per_call(lp_body, lp_request, reps=100)
+    bpt = bytes_per_token(lp_body, lp_request)
 
     rows = [
         (
@@ -193,6 +196,12 @@ def main() -> int:
             "<= 1.05",
         ),
         ("capture CPU per 4k+1k call", f"{cpu_ms:.3f} ms", cpu_ms <= 0.3, "<= 0.3 ms"),
+        (
+            "  the same with 1k logprob entries to read (information)",
+            f"{cpu_lp_ms:.3f} ms",
+            True,
+            "-",
+        ),
         ("bytes held per captured token", f"{bpt:.1f} B", bpt <= 16, "<= 16 B"),
     ]
     print("\n== capture overhead (issue 2) ==")

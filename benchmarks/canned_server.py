@@ -4,7 +4,8 @@ overhead: nothing but the client's own work remains). Run as a separate process:
     python benchmarks/canned_server.py PORT PROMPT_TOKENS COMPLETION_TOKENS
 
 POST .../chat/completions answers a vLLM 0.32 body with `return_token_ids` fields and logprobs:
-an SSE stream (one event per token) when the request streams, else one JSON body.
+an SSE stream (one event per token) when the request streams, else one JSON body; with logprob
+entries when the request asks for logprobs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import random
 import sys
 
 
-def build_bodies(prompt_tokens: int, completion_tokens: int) -> tuple[bytes, bytes]:
+def build_bodies(
+    prompt_tokens: int, completion_tokens: int, logprobs: bool = True
+) -> tuple[bytes, bytes]:
     rng = random.Random(0)
     prompt = [rng.randrange(3, 49152) for _ in range(prompt_tokens)]
     sampled = [rng.randrange(3, 49152) for _ in range(completion_tokens - 1)] + [2]
@@ -128,16 +131,20 @@ def build_bodies(prompt_tokens: int, completion_tokens: int) -> tuple[bytes, byt
     return dumps(body), sse
 
 
-async def serve(port: int, json_body: bytes, sse_body: bytes) -> None:
-    json_head = (
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-        + str(len(json_body)).encode()
-        + b"\r\n\r\n"
-    )
-    sse_chunk = hex(len(sse_body))[2:].encode() + b"\r\n" + sse_body + b"\r\n0\r\n\r\n"
+async def serve(
+    port: int, json_body: bytes, sse_body: bytes, lp_json: bytes, lp_sse: bytes
+) -> None:
     sse_head = (
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     )
+
+    def json_response(body: bytes) -> bytes:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+        return head + str(len(body)).encode() + b"\r\n\r\n" + body
+
+    def sse_response(body: bytes) -> bytes:
+        return sse_head + hex(len(body))[2:].encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
+
     models = b'{"object":"list","data":[{"id":"bench","object":"model"}]}'
     models_resp = (
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
@@ -157,10 +164,13 @@ async def serve(port: int, json_body: bytes, sse_body: bytes) -> None:
                 body = await reader.readexactly(length) if length else b""
                 if head.startswith(b"GET"):
                     writer.write(models_resp)
-                elif b'"stream":true' in body.replace(b" ", b""):
-                    writer.write(sse_head + sse_chunk)
                 else:
-                    writer.write(json_head + json_body)
+                    compact = body.replace(b" ", b"")
+                    wants_lp = b'"logprobs":true' in compact
+                    if b'"stream":true' in compact:
+                        writer.write(sse_response(lp_sse if wants_lp else sse_body))
+                    else:
+                        writer.write(json_response(lp_json if wants_lp else json_body))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -175,5 +185,6 @@ async def serve(port: int, json_body: bytes, sse_body: bytes) -> None:
 
 if __name__ == "__main__":
     port, prompt_tokens, completion_tokens = (int(a) for a in sys.argv[1:4])
-    json_body, sse_body = build_bodies(prompt_tokens, completion_tokens)
-    asyncio.run(serve(port, json_body, sse_body))
+    json_body, sse_body = build_bodies(prompt_tokens, completion_tokens, logprobs=False)
+    lp_json, lp_sse = build_bodies(prompt_tokens, completion_tokens, logprobs=True)
+    asyncio.run(serve(port, json_body, sse_body, lp_json, lp_sse))

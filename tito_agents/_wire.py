@@ -123,9 +123,10 @@ def prepare_request(
         elif endpoint is Endpoint.COMPLETIONS and payload.get("logprobs") is None:
             payload["logprobs"] = 0
             changed = True
-    wants_logprobs = bool(payload.get("logprobs")) or payload.get("logprobs") == 0
-    if endpoint is Endpoint.CHAT:
-        wants_logprobs = payload.get("logprobs") is True
+    asked = payload.get("logprobs")
+    # chat: a boolean; legacy completions: an int top-k count, 0 = only the sampled token
+    chat = endpoint is Endpoint.CHAT
+    wants_logprobs = asked is True if chat else (type(asked) is int and asked >= 0)
     messages = payload.get("messages") if endpoint is Endpoint.CHAT else None
     info = RequestInfo(
         endpoint=endpoint,
@@ -381,8 +382,10 @@ class ResponseParser:
                 choice.error = _missing_ids_error(self.info, choice.prompt_ids is not None, index)
                 return choice
             what = f"choice {index}"
-            lp = raw.get("logprobs")
-            if chat:
+            lp = raw.get("logprobs") if self.info.wants_logprobs else None
+            if lp is None:
+                pass  # not asked for: entries a caller did not request are not parsed
+            elif chat:
                 segments = self._segments
                 content = lp.get("content") if isinstance(lp, dict) else None
                 if segments is not None and isinstance(content, str):
@@ -448,7 +451,7 @@ class ResponseParser:
                 if min(ids) < 0:
                     raise MalformedResponseError("streamed token_ids hold negative values")
             acc.saw_ids = True
-            lp = raw.get("logprobs")
+            lp = raw.get("logprobs") if self.info.wants_logprobs else None
             if lp is not None:
                 if chat:
                     content = lp["content"]

@@ -544,9 +544,14 @@ class _BodySegments:
         parts: list[bytes] = []
         raw: list[bytes] = []
         pos = 0
+        # each key is searched again only once the cut has moved past it (one pass over the body)
+        key = body.find(_ID_KEY)
+        content = body.find(_CONTENT_KEY)
         while True:
-            key = body.find(_ID_KEY, pos)
-            content = body.find(_CONTENT_KEY, pos)
+            if key != -1 and key < pos:
+                key = body.find(_ID_KEY, pos)
+            if content != -1 and content < pos:
+                content = body.find(_CONTENT_KEY, pos)
             if key == -1 and content == -1:
                 break
             if content != -1 and (key == -1 or content < key):
@@ -579,7 +584,7 @@ class _BodySegments:
         segment = self._segment(marker)
         if not segment.strip():
             return np.zeros(0, dtype=np.int32)
-        if segment.translate(None, _DIGITS) or segment.count(b",") > len(segment) // 2:
+        if segment.translate(None, _DIGITS):
             raise _FallBack  # not plain non-negative ints: let the full parser name the problem
         try:
             with warnings.catch_warnings():

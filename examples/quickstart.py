@@ -57,7 +57,8 @@ def get_weather(city: str) -> str:
 async def run_episode(
     client: openai.AsyncOpenAI, collector: tito.Collector, model: str, city: str, index: int
 ) -> tito.Episode:
-    """One rollout: ask, let the model call the tool, answer; reward 1 if the answer uses it."""
+    """One rollout: ask, let the model call the tool, answer; rewarded for the right tool call
+    and for an answer that uses the tool's result."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a helpful assistant. Use tools when useful."},
         {"role": "user", "content": f"What is the weather in {city} right now?"},
@@ -95,8 +96,10 @@ async def run_episode(
             stream=True,
         )
         answer = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-        words = observation.split()
-        ep.set_reward(1.0 if words and words[0].lower() in answer.lower() else 0.0)
+        # 0.5 for asking the tool about the right city, 0.5 for an answer that uses its result
+        asked_right_city = observation == WEATHER[city]
+        used_result = any(w.lower() in answer.lower() for w in WEATHER[city].split()[::2])
+        ep.set_reward(0.5 * asked_right_city + 0.5 * used_result)
     return ep
 
 

@@ -5,8 +5,9 @@ vLLM-compatible server on loopback (by default the fake vLLM in a separate proce
 tokenization drift; `--base-url` points it at a real vLLM instead) and prints:
   * prefix breaks: turns whose prompt does not extend the previous prompt + sampled ids (each one
     splits a merged sample), per mode;
-  * added latency per call from the session (/tokenize round trips, bookkeeping): median of
-    (session call time - plain call time) over matched calls; target < 5 ms.
+  * added latency per call from the session (/tokenize round trips, bookkeeping), timed in the
+    transport around the session plan (generation time differs between the two runs, so a
+    difference of whole-call times would measure sampling, not the session); target < 5 ms.
 Usage: python benchmarks/bench_sessions.py [--episodes N] [--base-url URL] [--check]
 """
 
@@ -157,15 +158,17 @@ def main() -> int:
         label = "sessions" if sessions else "no sessions"
         print(f"  {label:<16}{calls:>8}{sum(brk):>16}{sum(b > 0 for b in brk):>18}")
     added = [
-        (ts - tp) * 1000
-        for (_, t_plain), (_, t_sess) in zip(results[False], results[True], strict=True)
-        for tp, ts in list(zip(t_plain, t_sess, strict=False))[1:]  # turn 0 has no session work
+        c.session_ms
+        for ep, _ in results[True]
+        for c in ep.calls
+        if c.session_ms is not None and c.session != "first"
     ]
     median = statistics.median(added) if added else float("nan")
     ok = median < 5.0
     print(
-        f"  added latency per call from sessions: median {median:.2f} ms over {len(added)} "
-        f"calls (target < 5 ms) {'PASS' if ok else 'FAIL'}"
+        f"  added latency per call from sessions (/tokenize round trips + bookkeeping, measured "
+        f"in the transport): median {median:.2f} ms over {len(added)} calls (target < 5 ms) "
+        f"{'PASS' if ok else 'FAIL'}"
     )
     session_breaks = sum(breaks(ep) for ep, _ in results[True])
     print(

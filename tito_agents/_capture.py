@@ -81,6 +81,8 @@ class PendingCall:
     plan: Plan | None = None
     """Token-in session mode: the request plan the transport drives before sending."""
     decision: SessionDecision | None = None
+    session_ms: float | None = None
+    """Time the session plan took before the request was sent (/tokenize round trips included)."""
 
 
 class CaptureCore:
@@ -145,8 +147,12 @@ class CaptureCore:
             and info.payload is not None
         ):
             info.want_message = True
-            pending.session = episode.session_for(pending.agent)
-            pending.plan = sessions.plan(pending.session, info.payload)
+            session = pending.session = episode.session_for(pending.agent)
+            if session.end_of_turn_id is None:  # learnt by another episode for this model
+                session.end_of_turn_id = collector.learned_end_of_turn.get(
+                    str(info.payload.get("model"))
+                )
+            pending.plan = sessions.plan(session, info.payload)
         collector.stats.requests += 1
         return new_body, pending
 
@@ -264,6 +270,7 @@ class CaptureCore:
         assert session is not None
         for call, choice in zip(calls, choices, strict=True):
             call.session, call.session_reason = decision.note, decision.reason
+            call.session_ms = pending.session_ms
             if call.status is not CallStatus.COMPLETE:
                 continue
             sent = decision.prompt_ids
@@ -285,6 +292,9 @@ class CaptureCore:
                     stop_reason=call.stop_reason,
                 )
             )
+        if session.end_of_turn_id is not None:
+            model = str(payload.get("model"))
+            self.collector.learned_end_of_turn.setdefault(model, session.end_of_turn_id)
 
 
 def _failed_choice(error: CaptureError) -> ParsedChoice:

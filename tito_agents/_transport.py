@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import types
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -159,7 +160,7 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
 
         def _run_plan(self, request: Any, pending: PendingCall, body: bytes) -> bytes:
             """Drive a token-in session plan, answering its /tokenize asks over the inner transport."""
-            plan, decision = pending.plan, None
+            plan, decision, started = pending.plan, None, time.perf_counter()
             assert plan is not None
             try:
                 asks = next(plan)
@@ -178,7 +179,9 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                 decision = stop.value
             except Exception:
                 _plan_failed(pending)
-            return self.core.apply_decision(pending, decision, body) or body
+            body = self.core.apply_decision(pending, decision, body) or body
+            pending.session_ms = (time.perf_counter() - started) * 1000
+            return body
 
         def close(self) -> None:
             self.inner.close()
@@ -224,7 +227,7 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
 
         async def _run_plan(self, request: Any, pending: PendingCall, body: bytes) -> bytes:
             """Async twin of the sync `_run_plan` (same plan, same asks, awaited I/O)."""
-            plan, decision = pending.plan, None
+            plan, decision, started = pending.plan, None, time.perf_counter()
             assert plan is not None
             try:
                 asks = next(plan)
@@ -242,7 +245,9 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                 decision = stop.value
             except Exception:
                 _plan_failed(pending)
-            return self.core.apply_decision(pending, decision, body) or body
+            body = self.core.apply_decision(pending, decision, body) or body
+            pending.session_ms = (time.perf_counter() - started) * 1000
+            return body
 
         async def aclose(self) -> None:
             await self.inner.aclose()

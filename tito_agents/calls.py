@@ -79,6 +79,8 @@ class Call:
     """In token-in session mode, how the prompt was made (`sessions.SessionNote`); else None."""
     session_reason: str | None = None
     """Why a session call fell back to server rendering (or was bridged)."""
+    session_ms: float | None = None
+    """Latency the session added before sending (the /tokenize round trips and bookkeeping)."""
 
     @property
     def num_sampled(self) -> int:

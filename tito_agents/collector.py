@@ -106,6 +106,10 @@ class Collector:
         self.keep_messages = keep_messages
         self.policy_version = policy_version
         self.end_of_turn_id = end_of_turn_id
+        self.learned_end_of_turn: dict[str, int] = {}
+        """End-of-turn ids seen per model by token-in sessions, shared with later episodes."""
+        self.verified_tails: set[tuple[Any, ...]] = set()
+        """Tail shapes whose prefix preservation token-in sessions have checked (all episodes)."""
         if assembly not in ("per_call", "merged", "both"):
             raise ConfigurationError(f"assembly must be per_call, merged or both, not {assembly!r}")
         self.assembly: AssemblyMode = assembly

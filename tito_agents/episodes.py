@@ -287,8 +287,10 @@ class Episode:
         with self._lock:
             session = self._session_state.get(agent_name)
             if session is None:
-                eot = self.collector.end_of_turn_id
-                session = self._session_state[agent_name] = Session(end_of_turn_id=eot)
+                collector = self.collector
+                session = self._session_state[agent_name] = Session(
+                    end_of_turn_id=collector.end_of_turn_id, verified=collector.verified_tails
+                )
             return session
 
     @property

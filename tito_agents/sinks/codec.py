@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 
 from tito_agents.errors import SampleFormatError
-from tito_agents.samples import SCHEMA_VERSION, CallSpan, Sample
+from tito_agents.samples import SCHEMA_VERSION, Sample
 
 MAGIC = b"TSB1"
 _HEADER_LEN = struct.Struct("<I")
@@ -129,31 +129,19 @@ def _build(
         n = int(header["n"])
         if len(ids) != 4 * n or len(mask) != n or (logprobs is not None and len(logprobs) != 4 * n):
             raise SampleFormatError(f"array sizes do not match {n} tokens")
-        sample = Sample(
-            sample_id=str(header["sample_id"]),
-            episode_id=str(header["episode_id"]),
-            agent=header.get("agent"),
-            token_ids=np.frombuffer(ids, dtype=_IDS).astype(np.int32),
-            loss_mask=np.frombuffer(mask, dtype=np.uint8).copy(),
-            logprobs=(
+        arrays = {
+            "token_ids": np.frombuffer(ids, dtype=_IDS).astype(np.int32),
+            "loss_mask": np.frombuffer(mask, dtype=np.uint8).copy(),
+            "logprobs": (
                 None
                 if logprobs is None
                 else np.frombuffer(logprobs, dtype=_LOGPROBS).astype(np.float32)
             ),
-            reward=header.get("reward"),
-            call_ids=[str(c) for c in header["call_ids"]],
-            spans=[CallSpan.from_dict(s) for s in header.get("spans", [])],
-            task_id=header.get("task_id"),
-            group_id=header.get("group_id"),
-            model=header.get("model"),
-            start_reason=str(header.get("start_reason", "call")),
-            end_reason=str(header.get("end_reason", "call")),
-            metadata=dict(header.get("metadata") or {}),
-        )
+        }
     except (KeyError, TypeError, ValueError) as exc:
         raise SampleFormatError(f"damaged sample: {exc!r}") from exc
-    sample.validate()
-    return sample
+    # one place maps fields to a Sample and validates it: the JSON schema's own reader
+    return Sample.from_dict({**header, **arrays})
 
 
 def sample_nbytes(sample: Sample) -> int:

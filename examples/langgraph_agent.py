@@ -118,7 +118,7 @@ async def main() -> int:
         base_url=args.base_url,
         api_key=SecretStr("EMPTY"),
         temperature=1.0,
-        max_completion_tokens=48,
+        max_completion_tokens=64,  # a forced tool call takes 33-40 tokens here
         timeout=600,
     )
     tito = TitoCallbackHandler(Collector(args.out, capture_logprobs=True), score)  # tito-agents

@@ -15,6 +15,7 @@ import types
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anyio
 import orjson
 
 from tito_agents._capture import CaptureCore, PendingCall, StreamTee
@@ -114,6 +115,32 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                 self._tee.feed(chunk)
                 yield chunk
             self._tee.end()
+
+        async def _tokenize_all(
+            self, request: Any, asks: list[dict[str, Any]]
+        ) -> list[list[int] | None]:
+            """The renders of one plan step do not depend on each other: ask them all at once
+            (anyio, so trio-run clients work too)."""
+            if len(asks) == 1:
+                return [await self._tokenize(request, asks[0])]
+            results: list[list[int] | None] = [None] * len(asks)
+
+            async def one(i: int) -> None:
+                results[i] = await self._tokenize(request, asks[i])
+
+            async with anyio.create_task_group() as group:
+                for i in range(len(asks)):
+                    group.start_soon(one, i)
+            return results
+
+        async def _tokenize(self, request: Any, ask: dict[str, Any]) -> list[int] | None:
+            response = await self.inner.handle_async_request(
+                _tokenize_request(module, request, ask)
+            )
+            try:
+                return _tokens(response.status_code, await response.aread())
+            finally:
+                await response.aclose()
 
         async def aclose(self) -> None:
             self._tee.close()
@@ -232,15 +259,7 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
             try:
                 asks = next(plan)
                 while True:
-                    results = []
-                    for ask in asks:
-                        tokenize = _tokenize_request(module, request, ask)
-                        response = await self.inner.handle_async_request(tokenize)
-                        try:
-                            results.append(_tokens(response.status_code, await response.aread()))
-                        finally:
-                            await response.aclose()
-                    asks = plan.send(results)
+                    asks = plan.send(await self._tokenize_all(request, asks))
             except StopIteration as stop:
                 decision = stop.value
             except Exception:
@@ -248,6 +267,32 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
             body = self.core.apply_decision(pending, decision, body) or body
             pending.session_ms = (time.perf_counter() - started) * 1000
             return body
+
+        async def _tokenize_all(
+            self, request: Any, asks: list[dict[str, Any]]
+        ) -> list[list[int] | None]:
+            """The renders of one plan step do not depend on each other: ask them all at once
+            (anyio, so trio-run clients work too)."""
+            if len(asks) == 1:
+                return [await self._tokenize(request, asks[0])]
+            results: list[list[int] | None] = [None] * len(asks)
+
+            async def one(i: int) -> None:
+                results[i] = await self._tokenize(request, asks[i])
+
+            async with anyio.create_task_group() as group:
+                for i in range(len(asks)):
+                    group.start_soon(one, i)
+            return results
+
+        async def _tokenize(self, request: Any, ask: dict[str, Any]) -> list[int] | None:
+            response = await self.inner.handle_async_request(
+                _tokenize_request(module, request, ask)
+            )
+            try:
+                return _tokens(response.status_code, await response.aread())
+            finally:
+                await response.aclose()
 
         async def aclose(self) -> None:
             await self.inner.aclose()

@@ -108,8 +108,9 @@ class Collector:
         self.end_of_turn_id = end_of_turn_id
         self.learned_end_of_turn: dict[str, int] = {}
         """End-of-turn ids seen per model by token-in sessions, shared with later episodes."""
-        self.verified_tails: set[tuple[Any, ...]] = set()
-        """Tail shapes whose prefix preservation token-in sessions have checked (all episodes)."""
+        self.verified_tails: dict[tuple[Any, ...], int | None] = {}
+        """Tail shapes whose prefix preservation token-in sessions have checked (all episodes),
+        with how their short render is cut (`sessions.Session.verified`)."""
         if assembly not in ("per_call", "merged", "both"):
             raise ConfigurationError(f"assembly must be per_call, merged or both, not {assembly!r}")
         self.assembly: AssemblyMode = assembly

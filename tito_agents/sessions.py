@@ -11,8 +11,12 @@ where `delta` are the tokens of the new messages, computed from the server's own
 `/tokenize` (no local tokenizer): the conversation ending with the previous assistant turn (cut after
 its end-of-turn token) and the same with the new messages and the generation prompt; the first must
 be a prefix of the second. That check runs the first time each kind of tail (model, its roles, the
-tools) is appended; later tails of the same kind need one render, cut after as many end-of-turn
-tokens as the conversation already holds (and a failed cut forgets the kind again). The prompt
+tools) is appended, together with a third, short render: a fixed one-message head, the previous
+assistant message and the new messages, without tools. When that short render ends with exactly
+the same delta, later tails of the same kind need only the short render (its cost does not grow with
+the conversation, and tool schemas, which are slow to render, are left out); otherwise they need one
+render of the whole conversation, cut after as many end-of-turn tokens as it already holds. A cut
+that does not fit forgets the kind again, so the next tail of that kind is checked afresh. The prompt
 goes to vLLM 0.32 as `kv_transfer_params.prompt_token_ids`, which replaces the rendered prompt
 while `messages` still drive tool parsing, so the response stays an ordinary chat completion.
 
@@ -86,9 +90,11 @@ class Session:
     turns: list[Turn] = field(default_factory=list)
     end_of_turn_id: int | None = None
     server_ignores_token_in: bool = False
-    verified: set[tuple[Any, ...]] = field(default_factory=set)
+    verified: dict[tuple[Any, ...], int | None] = field(default_factory=dict)
     """Appended-tail shapes (model, roles, tools) whose prefix preservation was checked with two
-    renders; a template property, so the collector shares one set between all sessions."""
+    renders, each with the number of end-of-turn tokens that precede the delta in the short tail
+    render, or None where the short render does not give the same delta. A template property, so
+    the collector shares one dict between all sessions."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_turn(self, turn: Turn) -> None:
@@ -98,6 +104,10 @@ class Session:
             if ended_on_eos and turn.sampled_ids.shape[0] and self.end_of_turn_id is None:
                 # with no stop string or stop token, a turn that stopped ended on the model's EOS
                 self.end_of_turn_id = int(turn.sampled_ids[-1])
+
+
+TAIL_HEAD: dict[str, str] = {"role": "user", "content": "."}
+"""The fixed first message of the short tail render (many templates expect a user turn first)."""
 
 
 def tools_key(payload: Mapping[str, Any]) -> bytes:
@@ -196,10 +206,12 @@ def plan(session: Session, payload: dict[str, Any]) -> Plan:
         common["chat_template_kwargs"] = payload["chat_template_kwargs"]
     if payload.get("model"):
         common["model"] = payload["model"]
-    after = {
-        **common,
-        "messages": messages,
-        "add_generation_prompt": payload.get("add_generation_prompt", True) is not False,
+    generation_prompt = payload.get("add_generation_prompt", True) is not False
+    after = {**common, "messages": messages, "add_generation_prompt": generation_prompt}
+    tail = {
+        **{key: value for key, value in common.items() if key != "tools"},
+        "messages": [TAIL_HEAD, *messages[k:]],
+        "add_generation_prompt": generation_prompt,
     }
     eot = session.end_of_turn_id
     if eot is None:
@@ -213,9 +225,23 @@ def plan(session: Session, payload: dict[str, Any]) -> Plan:
     )
     sampled = parent.sampled_ids
     bridged = not (sampled.shape[0] and int(sampled[-1]) == eot)
-    if shape in session.verified:
-        # this kind of tail was checked before: one render, cut after as many end-of-turn
-        # tokens as the conversation so far holds
+    if shape in session.verified and (ends_before := session.verified[shape]) is not None:
+        # this kind of tail was checked before and renders alike on its own: the short render,
+        # cut after the end-of-turn tokens of its head and of the previous assistant turn
+        (rendered_tail,) = yield [tail]
+        if rendered_tail is None:
+            return SessionDecision(None, SessionNote.FALLBACK, "the server's /tokenize failed")
+        r = np.asarray(rendered_tail, dtype=np.int32)
+        ends = np.flatnonzero(r == eot)
+        if ends.shape[0] < ends_before:
+            session.verified.pop(shape, None)
+            return SessionDecision(
+                None, SessionNote.FALLBACK, "the tail rendering has fewer turns than expected"
+            )
+        delta = r[int(ends[ends_before - 1]) + 1 :]
+    elif shape in session.verified:
+        # checked before, but the short render differs: one render of the whole conversation,
+        # cut after as many end-of-turn tokens as the conversation so far holds
         (rendered_after,) = yield [after]
         if rendered_after is None:
             return SessionDecision(None, SessionNote.FALLBACK, "the server's /tokenize failed")
@@ -224,14 +250,14 @@ def plan(session: Session, payload: dict[str, Any]) -> Plan:
         turns_so_far += int(np.count_nonzero(sampled == eot)) + int(bridged)
         ends = np.flatnonzero(b == eot)
         if ends.shape[0] < turns_so_far or turns_so_far == 0:
-            session.verified.discard(shape)
+            session.verified.pop(shape, None)
             return SessionDecision(
                 None, SessionNote.FALLBACK, "the rendering has fewer turns than the conversation"
             )
-        cut = int(ends[turns_so_far - 1]) + 1
+        delta = b[int(ends[turns_so_far - 1]) + 1 :]
     else:
         before = {**common, "messages": messages[: k + 1], "add_generation_prompt": False}
-        rendered_before, rendered_after = yield [before, after]
+        rendered_before, rendered_after, rendered_tail = yield [before, after, tail]
         if rendered_before is None or rendered_after is None:
             return SessionDecision(None, SessionNote.FALLBACK, "the server's /tokenize failed")
         a = np.asarray(rendered_before, dtype=np.int32)
@@ -250,9 +276,9 @@ def plan(session: Session, payload: dict[str, Any]) -> Plan:
                 SessionNote.FALLBACK,
                 f"the template does not preserve the prefix when appending [{','.join(roles)}]",
             )
+        delta = b[cut:]
         with session.lock:
-            session.verified.add(shape)
-    delta = b[cut:]
+            session.verified[shape] = _tail_ends_before(rendered_tail, delta, eot)
     pieces = [parent.prompt_ids, sampled]
     if bridged:
         pieces.append(np.array([eot], dtype=np.int32))
@@ -261,6 +287,18 @@ def plan(session: Session, payload: dict[str, Any]) -> Plan:
     note = SessionNote.TOKEN_IN_BRIDGED if bridged else SessionNote.TOKEN_IN
     reason = f"previous turn ended with finish_reason={parent.finish_reason!r}" if bridged else None
     return SessionDecision(prompt, note, reason)
+
+
+def _tail_ends_before(rendered_tail: list[int] | None, delta: IdArray, eot: int) -> int | None:
+    """How many end-of-turn tokens precede `delta` in the short tail render, when that render ends
+    with exactly `delta` right after an end-of-turn token; None when it cannot stand in."""
+    if rendered_tail is None or delta.shape[0] == 0:
+        return None
+    r = np.asarray(rendered_tail, dtype=np.int32)
+    head = r.shape[0] - delta.shape[0]
+    if head < 1 or int(r[head - 1]) != eot or not np.array_equal(r[head:], delta):
+        return None
+    return int(np.count_nonzero(r[:head] == eot))
 
 
 def with_token_prompt(payload: dict[str, Any], prompt_ids: IdArray) -> bytes:

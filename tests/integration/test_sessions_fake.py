@@ -362,3 +362,103 @@ def test_end_of_turn_learnt_in_one_episode_serves_the_next(drift_fake: FakeVLLM)
     assert first.finish_reason == "length"
     assert second.session == SessionNote.TOKEN_IN_BRIDGED
     assert second.session_ms is not None and second.session_ms >= 0.0
+
+
+def recording_hook(asks: list[dict[str, Any]]) -> Hook:
+    """A hook that keeps the body of every /tokenize the session sends."""
+
+    def hook(path: str, body: bytes) -> tuple[str, bytes]:
+        if path == "/tokenize":
+            asks.append(json.loads(body))
+        return path, body
+
+    return hook
+
+
+def rendered_delta(tok: Any, messages: list[dict[str, Any]], k: int, **kwargs: Any) -> str:
+    """The text the template adds after the end-of-turn token of turn `k` (the assistant turn)
+    for messages[k + 1:]."""
+    before = tok.apply_chat_template(messages[: k + 1], tokenize=False, **kwargs)
+    before = before[: before.rindex("<|im_end|>") + len("<|im_end|>")]
+    after = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    assert after.startswith(before)
+    return str(after[len(before) :])
+
+
+def test_checked_tail_kinds_need_only_the_short_render(drift_fake: FakeVLLM) -> None:
+    """The first tail of a kind is checked with three renders; later tails of that kind send one
+    short render (fixed head, previous assistant turn, new messages, no tools) whose delta is
+    exactly what the whole conversation renders."""
+    asks: list[dict[str, Any]] = []
+    collector = tito.Collector()
+    client = make_client(drift_fake, collector, recording_hook(asks))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
+    per_call: list[int] = []
+    with collector.episode() as ep:
+        for step in range(4):  # tool call, answer, tool call, answer
+            seen = len(asks)
+            response = client.chat.completions.create(
+                model=MODEL_NAME, messages=messages, tools=TOOLS
+            )
+            per_call.append(len(asks) - seen)
+            message = response.choices[0].message
+            messages.append(
+                message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+            )
+            for call in message.tool_calls or []:
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": "18C"})
+            if step == 1:
+                messages.append({"role": "user", "content": "And in Lima?"})
+    calls = ep.calls
+    # first call: none; [tool]: checked (3); [assistant, user]: checked (3); [tool] again: short (1)
+    assert per_call == [0, 3, 3, 1]
+    assert [c.session for c in calls[1:]] == [SessionNote.TOKEN_IN] * 3
+    short = asks[-1]
+    assert short["messages"][0] == tito.sessions.TAIL_HEAD and "tools" not in short
+    assert short["messages"][1]["role"] == "assistant" and len(short["messages"]) == 3
+    for prev, nxt in itertools.pairwise(calls):
+        assert extends(prev, nxt), nxt.session_reason
+    tok = load_tokenizer()
+    k = len(messages) - 3  # the last request ended with [assistant tool call, tool result]
+    head = len(calls[2].prompt_ids) + len(calls[2].sampled_ids)
+    delta = tok.decode(calls[3].prompt_ids[head:].tolist())
+    assert delta == rendered_delta(tok, messages[:-1], k, tools=TOOLS)
+
+
+@pytest.mark.parametrize(
+    "quirk",
+    [
+        # numbers each turn: prefix-preserving, but a short render numbers the new turn differently
+        "{% for m in messages %}<|im_start|>{{ m.role }} {{ loop.index }}\n",
+        # refuses a conversation that does not open with a system turn: the short render fails
+        "{% if messages[0].role != 'system' %}{{ raise_exception('system first') }}{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n",
+    ],
+)
+def test_tail_kinds_the_short_render_misrenders_use_the_whole_conversation(quirk: str) -> None:
+    """Where the short render does not end with the checked delta, later tails of that kind are
+    cut from one render of the whole conversation, and stay exact."""
+    tokenizer = copy.deepcopy(load_tokenizer())
+    tokenizer.chat_template = (
+        quirk + "{{ m.content or '' }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    fake = FakeVLLM(FakeConfig(responder=lambda view: "Sunny all week.", tokenizer=tokenizer))
+    asks: list[dict[str, Any]] = []
+    collector = tito.Collector()
+    client = make_client(fake, collector, recording_hook(asks))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    with collector.episode() as ep:
+        for question in ("Weather?", "Tomorrow?", "And after?"):
+            messages.append({"role": "user", "content": question})
+            response = client.chat.completions.create(model=MODEL_NAME, messages=messages)
+            messages.append({"role": "assistant", "content": response.choices[0].message.content})
+    first, checked, later = ep.calls
+    assert (checked.session, later.session) == (SessionNote.TOKEN_IN, SessionNote.TOKEN_IN)
+    assert extends(first, checked) and extends(checked, later)
+    assert asks[-1]["messages"] == messages[:-1]  # the whole conversation, rendered once
+    head = len(checked.prompt_ids) + len(checked.sampled_ids)
+    k = len(messages) - 3
+    assert tokenizer.decode(later.prompt_ids[head:].tolist()) == rendered_delta(
+        tokenizer, messages[:-1], k
+    )

@@ -174,14 +174,20 @@ class Engine:
     # -- prompt rendering and the small endpoints ----------------------------------------------
 
     def render_chat(self, request: ChatRequest) -> str:
-        """The chat prompt text for a validated request, as vLLM renders it."""
-        return self.codec.render_chat(
-            conversation(request.messages),
-            list(request.tools) or None,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            template_kwargs=request.template_kwargs,
-        )
+        """The chat prompt text for a validated request, as vLLM renders it. A template that
+        raises (jinja's `raise_exception`, an undefined name) is a 400, as in vLLM's frontend."""
+        import jinja2
+
+        try:
+            return self.codec.render_chat(
+                conversation(request.messages),
+                list(request.tools) or None,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                template_kwargs=request.template_kwargs,
+            )
+        except jinja2.TemplateError as exc:
+            raise bad_request(str(exc), None) from exc
 
     def tokenize(self, body: dict[str, Any]) -> Reply:
         """`POST /tokenize`: chat form (`messages`) or prompt form (`prompt`)."""

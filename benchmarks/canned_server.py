@@ -45,7 +45,7 @@ def build_bodies(
                     "function_call": None,
                     "reasoning": None,
                 },
-                "logprobs": {"content": content},
+                "logprobs": {"content": content} if logprobs else None,
                 "finish_reason": "stop",
                 "stop_reason": None,
                 "token_ids": sampled,
@@ -94,7 +94,7 @@ def build_bodies(
         choice = {
             "index": 0,
             "delta": {"content": "x"} if not last else {},
-            "logprobs": {"content": [entry]},
+            "logprobs": {"content": [entry]} if logprobs else None,
             "finish_reason": "stop" if last else None,
         }
         if last:

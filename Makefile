@@ -67,7 +67,7 @@ vllm-stop:
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
-LINT_PATHS := tito_agents tests examples benchmarks scripts integrations
+LINT_PATHS := tito_agents tests examples benchmarks scripts integrations hatch_build.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check $(LINT_PATHS)

@@ -175,14 +175,16 @@ class CaptureCore:
         pending.episode.call_ended()
         self.collector.stats.failed_attempts += 1
 
-    def finish_body(self, pending: PendingCall, status: int, body: bytes) -> None:
-        """Record the calls of a complete non-streaming response."""
+    def finish_body(self, pending: PendingCall, status: int, body: bytes) -> bytes | None:
+        """Record the calls of a complete non-streaming response. Returns the body to hand to the
+        caller instead (without the fields capture added), or None to pass `body` on."""
         parser = ResponseParser(pending.info)
         try:
             choices = parser.parse_body(body)
         except CaptureError as exc:
             choices = [_failed_choice(exc)]
         self._record(pending, parser, choices, status, stream=False)
+        return parser.caller_body()
 
     def open_stream(self, pending: PendingCall, status: int) -> StreamTee:
         """A tee for an SSE response: fed with each raw byte chunk as it passes to the caller."""
@@ -330,9 +332,17 @@ class StreamTee:
             return
         if self._pending.first_byte_at is None:
             self._pending.first_byte_at = time.time()
+        feed_event = self._parser.feed_event
         try:
-            for payload in self._decoder.feed(data):
-                self._absorb(payload)
+            for payload in self._decoder.feed(data):  # once per token: `_absorb`, inlined
+                if payload == b"[DONE]":
+                    self._done = True  # the server finished: record before the caller sees it
+                    continue
+                try:
+                    event = orjson.loads(payload)
+                except orjson.JSONDecodeError as exc:
+                    raise MalformedResponseError(f"SSE event is not valid JSON: {exc}") from exc
+                feed_event(event)
         except CaptureError as exc:
             self._fail(exc)
             return

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from tito_agents.calls import Endpoint, IdArray, LogprobArray
@@ -83,6 +84,10 @@ class RequestInfo:
     """The parsed request body (token-in sessions rewrite it)."""
     want_message: bool = False
     """Keep each choice's assistant message (token-in sessions compare it with the next request)."""
+    added_ids: bool = False
+    """Capture added `return_token_ids` (the caller did not ask for ids)."""
+    added_logprobs: bool = False
+    """Capture added `logprobs` (the caller did not ask for them)."""
 
 
 def endpoint_for_path(path: str) -> Endpoint | None:
@@ -110,21 +115,17 @@ def prepare_request(
         return None
     if not isinstance(payload, dict):
         return None
-    changed = False
+    added_ids = added_logprobs = False
     if "return_token_ids" not in payload:
         payload["return_token_ids"] = True
-        changed = True
+        added_ids = True
     elif payload["return_token_ids"] is not True:
         return None
-    if capture_logprobs:
-        if endpoint is Endpoint.CHAT and payload.get("logprobs") is None:
-            payload["logprobs"] = True
-            changed = True
-        elif endpoint is Endpoint.COMPLETIONS and payload.get("logprobs") is None:
-            payload["logprobs"] = 0
-            changed = True
+    if capture_logprobs and payload.get("logprobs") is None:
+        # chat: a boolean; legacy completions: an int top-k count, 0 = only the sampled token
+        payload["logprobs"] = True if endpoint is Endpoint.CHAT else 0
+        added_logprobs = True
     asked = payload.get("logprobs")
-    # chat: a boolean; legacy completions: an int top-k count, 0 = only the sampled token
     chat = endpoint is Endpoint.CHAT
     wants_logprobs = asked is True if chat else (type(asked) is int and asked >= 0)
     messages = payload.get("messages") if endpoint is Endpoint.CHAT else None
@@ -138,7 +139,10 @@ def prepare_request(
         tools=payload.get("tools") if isinstance(payload.get("tools"), list) else None,
         include_reasoning=payload.get("include_reasoning", True) is not False,
         payload=payload,
+        added_ids=added_ids,
+        added_logprobs=added_logprobs,
     )
+    changed = added_ids or added_logprobs
     return (orjson.dumps(payload) if changed else None), info
 
 
@@ -299,6 +303,7 @@ class ResponseParser:
         self.done = False
         self._choices: dict[int, _ChoiceAccumulator] = {}
         self._segments: _BodySegments | None = None
+        self._payload: dict[str, Any] | None = None
 
     # ---- non-streaming ----
 
@@ -353,7 +358,30 @@ class ResponseParser:
             self.usage_completion_tokens = usage["completion_tokens"]
             self._check_usage(parsed)
         self.done = True
+        self._payload = payload
         return parsed
+
+    def caller_body(self) -> bytes | None:
+        """The body the caller would have got without capture, or None to pass it on as it came.
+
+        The fields capture added (ids, and logprobs it asked for) are set to null, which is how
+        vLLM sends them when not asked, so agents and frameworks never hold thousands of ids per
+        response they did not ask for (the openai SDK keeps unknown fields in `model_extra`;
+        LangChain keeps logprobs in `response_metadata`). Only after a successful `parse_body`.
+        """
+        info, payload = self.info, self._payload
+        if payload is None or not (info.added_ids or info.added_logprobs):
+            return None
+        if info.added_ids and "prompt_token_ids" in payload:
+            payload["prompt_token_ids"] = None
+        for choice in payload["choices"]:
+            if info.added_ids:
+                for key in ("token_ids", "prompt_token_ids"):
+                    if key in choice:
+                        choice[key] = None
+            if info.added_logprobs and "logprobs" in choice:
+                choice["logprobs"] = None
+        return orjson.dumps(payload)
 
     def _parse_body_choice(self, raw: Any, top_prompt: IdArray | None) -> ParsedChoice:
         if not isinstance(raw, dict):
@@ -520,7 +548,40 @@ _ID_KEY = b'token_ids":['
 _CONTENT_KEY = b'"logprobs":{"content":['
 _CONTENT_END = b']},"finish_reason":'
 _MARK = "\x00tito:"
-_DIGITS = b"0123456789, "
+_DIGITS = b"0123456789,"
+_DIGIT_BYTES = frozenset(b"0123456789")
+
+
+def _fromstring_raises() -> bool:
+    """Whether this numpy raises on text it cannot read to the end (newer numpy) rather than
+    warning (older numpy, where the warning must be turned into an error around each parse)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            np.fromstring(b"1,,2", dtype=np.int64, sep=",")
+        except ValueError:
+            return True
+    return False
+
+
+_FROMSTRING_RAISES = _fromstring_raises()
+
+try:  # the optional C helper (tito_agents/_speedups.c, built at install when a compiler exists)
+    from tito_agents import _speedups
+except ImportError:  # pragma: no cover - depends on the install
+    _speedups = None  # type: ignore[assignment]
+
+
+def _parse_int_text(segment: bytes) -> npt.NDArray[np.int64]:
+    """`np.fromstring` of comma-separated ints; raises ValueError on text it cannot read whole."""
+    if _FROMSTRING_RAISES:
+        return np.fromstring(segment, dtype=np.int64, sep=",")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            return np.fromstring(segment, dtype=np.int64, sep=",")
+        except DeprecationWarning as exc:
+            raise ValueError(str(exc)) from None
 
 
 class _BodySegments:
@@ -539,24 +600,20 @@ class _BodySegments:
 
     @classmethod
     def split(cls, body: bytes) -> _BodySegments | None:
+        """Cut the id arrays, and the chat logprob entries before them, out of `body`."""
         if len(body) < 2048:
             return None  # small bodies parse whole just as fast
         parts: list[bytes] = []
         raw: list[bytes] = []
         pos = 0
-        # each key is searched again only once the cut has moved past it (one pass over the body)
         key = body.find(_ID_KEY)
-        content = body.find(_CONTENT_KEY)
-        while True:
-            if key != -1 and key < pos:
-                key = body.find(_ID_KEY, pos)
-            if content != -1 and content < pos:
-                content = body.find(_CONTENT_KEY, pos)
-            if key == -1 and content == -1:
-                break
-            if content != -1 and (key == -1 or content < key):
+        while key != -1:
+            # vLLM writes a choice's logprobs before its token_ids, so entries are only looked for
+            # between the last cut and the next ids: each byte is searched once
+            content = body.find(_CONTENT_KEY, pos, key)
+            if content != -1:
                 start = content + len(_CONTENT_KEY)
-                end = body.find(_CONTENT_END, start)
+                end = body.find(_CONTENT_END, start, key)
                 if end == -1:
                     return None
                 close = end + 1  # keep "}" of the logprobs object
@@ -566,6 +623,7 @@ class _BodySegments:
                 if end == -1:
                     return None
                 close = end + 1
+                key = body.find(_ID_KEY, close)
             parts.append(body[pos : start - 1])
             parts.append(b'"\\u0000tito:' + str(len(raw)).encode() + b'"')
             raw.append(body[start:end])
@@ -581,18 +639,31 @@ class _BodySegments:
         return self._raw[int(marker[len(_MARK) :])]
 
     def ids(self, marker: str) -> IdArray:
+        """The ids of a cut-out array; `_FallBack` when the text is not plain JSON integers in
+        [0, 2**31), so the full parser accepts valid JSON and names the problem in the rest.
+
+        With the C helper: one pass (JSON whitespace allowed). Without it, numpy's text parser on
+        compact JSON only (what vLLM sends: digits and single commas), since numpy reads
+        "1, ,2" as [1, 0, 2]."""
         segment = self._segment(marker)
-        if not segment.strip():
+        if _speedups is not None:  # one pass in C: validation and values
+            parsed = _speedups.parse_ids(segment)
+            if parsed is None:
+                raise _FallBack
+            return np.frombuffer(parsed, dtype=np.int32)
+        if not segment:
             return np.zeros(0, dtype=np.int32)
-        if segment.translate(None, _DIGITS):
-            raise _FallBack  # not plain non-negative ints: let the full parser name the problem
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # numpy < 2 warns (instead of raising) on bad text
-                values = np.fromstring(segment, dtype=np.int64, sep=",")
-        except (ValueError, DeprecationWarning):
+        if (
+            segment.translate(None, _DIGITS)
+            or segment[0] not in _DIGIT_BYTES
+            or segment[-1] not in _DIGIT_BYTES
+        ):
+            raise _FallBack
+        try:  # an empty item (",,") is text numpy cannot read to the end: ValueError
+            values = _parse_int_text(segment)
+        except ValueError:
             raise _FallBack from None
-        if values.shape[0] != segment.count(b",") + 1 or (values.size and values.max() > _MAX_ID):
+        if values.max() > _MAX_ID:  # numpy saturates at 2**63 - 1, so this sees every overflow
             raise _FallBack
         return values.astype(np.int32)
 
@@ -627,9 +698,12 @@ class SSEDecoder:
             end = buffer.find(b"\n\n", start)
             if end == -1:
                 break
-            payload = _event_data(buffer[start:end])
-            if payload is not None:
-                out.append(payload)
+            if buffer.startswith(b"data: ", start) and buffer.find(b"\n", start, end) == -1:
+                out.append(buffer[start + 6 : end])  # the usual event: one "data: " line
+            else:
+                payload = _event_data(buffer[start:end])
+                if payload is not None:
+                    out.append(payload)
             start = end + 2
         self._buffer = buffer[start:]
         return out

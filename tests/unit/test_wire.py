@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -12,11 +14,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.captures import load_capture
+from tito_agents import _wire
 from tito_agents._wire import ResponseParser, SSEDecoder, prepare_request
 from tito_agents.calls import Endpoint
 from tito_agents.errors import MalformedResponseError
 
 ids_st = st.lists(st.integers(0, 2**31 - 1), min_size=0, max_size=700)
+ID_PARSERS = ["c", "numpy"]
+
+
+@contextlib.contextmanager
+def id_parser(kind: str) -> Iterator[None]:
+    """Parse cut-out id arrays with the C helper, or with the numpy path used without it."""
+    saved = _wire._speedups
+    if kind == "numpy":
+        _wire._speedups = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _wire._speedups = saved
 
 
 def chat_body(prompt: list[int], choices: list[list[int]], logprobs: bool) -> bytes:
@@ -80,7 +96,12 @@ def test_fast_body_path_equals_the_plain_json_reading(
 ) -> None:
     """Cutting long arrays out of the body gives exactly what a full JSON parse gives."""
     body = chat_body(prompt, choices, logprobs)
-    parsed = ResponseParser(info(logprobs)).parse_body(body)
+    for kind in ID_PARSERS:
+        with id_parser(kind):
+            check_parsed(ResponseParser(info(logprobs)).parse_body(body), prompt, choices, logprobs)
+
+
+def check_parsed(parsed: Any, prompt: list[int], choices: list[list[int]], logprobs: bool) -> None:
     assert len(parsed) == len(choices)
     for choice, ids in zip(parsed, choices, strict=True):
         assert choice.error is None
@@ -92,16 +113,33 @@ def test_fast_body_path_equals_the_plain_json_reading(
             assert choice.logprobs.tolist() == pytest.approx([-0.25 * (t % 7) for t in ids])
 
 
-@pytest.mark.parametrize("bad", [b"1,2.5,3", b"1,-2,3", b'1,"2",3', b"1,,3", b"1,2,99999999999"])
-def test_fast_path_falls_back_and_names_bad_ids(bad: bytes) -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [b"1,2.5,3", b"1,-2,3", b'1,"2",3', b"1,,3", b"1,2,99999999999", b"1, ,3", b"1,2,", b"+1,2"],
+)
+@pytest.mark.parametrize("kind", ID_PARSERS)
+def test_fast_path_falls_back_and_names_bad_ids(bad: bytes, kind: str) -> None:
     """Ids that are not plain non-negative int32 take the full parse, which raises a typed error."""
     body = chat_body(list(range(600)), [[5, 6, 7]], False).replace(b"[5,6,7]", b"[" + bad + b"]")
     parsed = None
     try:
-        parsed = ResponseParser(info(False)).parse_body(body)
+        with id_parser(kind):
+            parsed = ResponseParser(info(False)).parse_body(body)
     except MalformedResponseError:
         return  # not JSON at all ("1,,3")
     assert isinstance(parsed[0].error, MalformedResponseError)
+
+
+@pytest.mark.parametrize("spaced", [b"5, 6, 7", b" 5,6 ,7 ", b"5,\n6,\t7"])
+@pytest.mark.parametrize("kind", ID_PARSERS)
+def test_ids_in_spaced_json_are_read_exactly(spaced: bytes, kind: str) -> None:
+    """Valid JSON that is not compact gives the exact ids either way (numpy's text parser alone
+    would read "1, ,2" as [1, 0, 2], so without the C helper it leaves the fast path)."""
+    body = chat_body(list(range(600)), [[5, 6, 7]], False).replace(b"[5,6,7]", b"[" + spaced + b"]")
+    with id_parser(kind):
+        (parsed,) = ResponseParser(info(False)).parse_body(body)
+    assert parsed.error is None and parsed.sampled_ids is not None
+    assert parsed.sampled_ids.tolist() == [5, 6, 7]
 
 
 def test_tool_call_capture_parses_identically_both_ways() -> None:

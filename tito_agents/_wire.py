@@ -381,7 +381,10 @@ class ResponseParser:
                         choice[key] = None
             if info.added_logprobs and "logprobs" in choice:
                 choice["logprobs"] = None
-        return orjson.dumps(payload)
+        out = orjson.dumps(payload)
+        if self._segments is not None:  # arrays the caller asked for: put their text back
+            out = self._segments.restore(out)
+        return out
 
     def _parse_body_choice(self, raw: Any, top_prompt: IdArray | None) -> ParsedChoice:
         if not isinstance(raw, dict):
@@ -632,6 +635,15 @@ class _BodySegments:
             return None
         parts.append(body[pos:])
         return cls(b"".join(parts), raw)
+
+    def restore(self, dumped: bytes) -> bytes:
+        """`dumped` (the skeleton, edited and serialized again) with every marker still in it
+        replaced by the array it stands for."""
+        for i, raw in enumerate(self._raw):
+            marker = b'"\\u0000tito:' + str(i).encode() + b'"'
+            if marker in dumped:
+                dumped = dumped.replace(marker, b"[" + raw + b"]")
+        return dumped
 
     def _segment(self, marker: str) -> bytes:
         if not marker.startswith(_MARK):

@@ -70,15 +70,31 @@ def check_samples(
 
 
 def test_sync_non_streaming_n2(vllm_base_url: str, vllm_model: str) -> None:
-    """Sync client, n=2: one call per choice, ids equal to the response's, prompt = /tokenize."""
+    """Sync client, n=2: one call per choice, ids equal to the response's, prompt = /tokenize.
+    The caller asks for the ids itself here, so its response keeps them; without asking, it gets
+    the response an unwrapped client gets (ids null) while the record holds them."""
     collector = tito.Collector(capture_logprobs=True)
     client = collector.wrap(openai.OpenAI(base_url=vllm_base_url, api_key="EMPTY"))
     with client, collector.episode() as ep:
         response = client.chat.completions.create(
-            model=vllm_model, messages=MESSAGES, n=2, max_tokens=24, temperature=1.0, seed=7
+            model=vllm_model,
+            messages=MESSAGES,
+            n=2,
+            max_tokens=24,
+            temperature=1.0,
+            seed=7,
+            extra_body={"return_token_ids": True},
         )
-    assert len(ep.calls) == 2
-    for call in ep.calls:
+        unasked = client.chat.completions.create(
+            model=vllm_model, messages=MESSAGES, max_tokens=8, temperature=1.0, seed=8
+        )
+    assert unasked.prompt_token_ids is None  # type: ignore[attr-defined]
+    assert unasked.choices[0].token_ids is None and unasked.choices[0].logprobs is None  # type: ignore[attr-defined]
+    *asked, last = ep.calls
+    assert last.status is tito.CallStatus.COMPLETE and last.sampled_ids.shape[0] > 0
+    assert last.logprobs is not None
+    assert len(asked) == 2
+    for call in asked:
         assert call.status is tito.CallStatus.COMPLETE
         assert call.prompt_ids.tolist() == response.prompt_token_ids  # type: ignore[attr-defined]
         choice = response.choices[call.choice_index]

@@ -160,3 +160,22 @@ async def test_async_caller_sees_the_unwrapped_response(fake: FakeVLLM) -> None:
     assert comparable(got) == comparable(want)
     assert want.usage is not None
     assert ep.calls[0].sampled_ids.shape[0] == want.usage.completion_tokens
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [{"extra_body": {"return_token_ids": True}}, {"logprobs": True}],
+    ids=["ids-asked", "logprobs-asked"],
+)
+def test_what_was_asked_is_kept_beside_what_was_added(
+    fake: FakeVLLM, asked: dict[str, Any]
+) -> None:
+    """The caller asked for one of the two, capture added the other: only the added one is null."""
+    want, got, call = both(fake, True, capture_logprobs=True, messages=LONG, **asked)
+    assert comparable(got) == comparable(want)
+    if "extra_body" in asked:
+        assert got.model_extra["prompt_token_ids"] == call.prompt_ids.tolist()
+        assert got.choices[0].logprobs is None
+    else:
+        assert got.model_extra["prompt_token_ids"] is None
+        assert len(got.choices[0].logprobs.content) == call.sampled_ids.shape[0]

@@ -304,6 +304,10 @@ class ResponseParser:
         self._choices: dict[int, _ChoiceAccumulator] = {}
         self._segments: _BodySegments | None = None
         self._payload: dict[str, Any] | None = None
+        # read once per stream event: kept as plain attributes
+        self._chat = info.endpoint is Endpoint.CHAT
+        self._logprobs = info.wants_logprobs
+        self._message = info.want_message
 
     # ---- non-streaming ----
 
@@ -448,7 +452,6 @@ class ResponseParser:
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                 self.usage_completion_tokens = usage["completion_tokens"]
             return
-        chat = self.info.endpoint is Endpoint.CHAT
         for raw in choices:
             index = raw.get("index", 0)
             acc = self._choices.get(index)
@@ -457,17 +460,15 @@ class ResponseParser:
             if acc.error is not None:
                 continue
             try:
-                self._feed_choice(acc, raw, event if chat else raw, chat)
+                self._feed_choice(acc, raw, event)
             except CaptureError as exc:
                 acc.error = exc
             except (TypeError, KeyError, ValueError, AttributeError, OverflowError) as exc:
                 acc.error = MalformedResponseError(f"choice {index}: malformed stream chunk: {exc}")
 
-    def _feed_choice(
-        self, acc: _ChoiceAccumulator, raw: dict[str, Any], prompt_holder: Any, chat: bool
-    ) -> None:
-        if acc.prompt_ids is None:
-            prompt_raw = prompt_holder.get("prompt_token_ids")
+    def _feed_choice(self, acc: _ChoiceAccumulator, raw: dict[str, Any], event: Any) -> None:
+        if acc.prompt_ids is None:  # chat: on the event; completions: on the choice
+            prompt_raw = (event if self._chat else raw).get("prompt_token_ids")
             if prompt_raw is not None:
                 acc.prompt_ids = to_ids(prompt_raw, "prompt_token_ids")
         ids = raw.get("token_ids", _ABSENT)
@@ -476,23 +477,22 @@ class ResponseParser:
         elif ids is not _ABSENT:
             if type(ids) is not list:
                 raise MalformedResponseError("streamed token_ids is not a list")
-            if ids:
-                # array("i") refuses non-integers (TypeError) and ids >= 2**31 (OverflowError)
-                acc.ids.extend(ids)
-                if min(ids) < 0:
-                    raise MalformedResponseError("streamed token_ids hold negative values")
+            # array("i") refuses non-integers (TypeError) and ids >= 2**31 (OverflowError);
+            # negative ids are looked for once, in finish_stream
+            acc.ids.extend(ids)
             acc.saw_ids = True
-            lp = raw.get("logprobs") if self.info.wants_logprobs else None
-            if lp is not None:
-                if chat:
-                    content = lp["content"]
-                    if content is not None:
-                        acc.logprobs.extend([e["logprob"] for e in content])
-                else:
-                    values = lp["token_logprobs"]
-                    if values is not None:
-                        acc.logprobs.extend(values)
-        if self.info.want_message:
+            if self._logprobs:
+                lp = raw.get("logprobs")
+                if lp is not None:
+                    if self._chat:
+                        content = lp["content"]
+                        if content is not None:
+                            acc.logprobs.extend([e["logprob"] for e in content])
+                    else:
+                        values = lp["token_logprobs"]
+                        if values is not None:
+                            acc.logprobs.extend(values)
+        if self._message:
             acc.absorb_delta(raw.get("delta"))
         finish = raw.get("finish_reason")
         if finish is not None:
@@ -517,6 +517,10 @@ class ResponseParser:
             if choice.error is None:
                 if acc.prompt_ids is None or not acc.saw_ids or acc.saw_null_ids:
                     choice.error = _missing_ids_error(self.info, acc.prompt_ids is not None, index)
+                elif acc.ids and min(acc.ids) < 0:
+                    choice.error = MalformedResponseError(
+                        f"choice {index}: streamed token_ids hold negative values"
+                    )
                 else:
                     choice.sampled_ids = np.frombuffer(acc.ids, dtype=np.int32)
                     if acc.logprobs:
@@ -704,20 +708,15 @@ class SSEDecoder:
         buffer = self._buffer + data if self._buffer else data
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
+        *events, self._buffer = buffer.split(b"\n\n")  # one C call for a chunk of many events
         out: list[bytes] = []
-        start = 0
-        while True:
-            end = buffer.find(b"\n\n", start)
-            if end == -1:
-                break
-            if buffer.startswith(b"data: ", start) and buffer.find(b"\n", start, end) == -1:
-                out.append(buffer[start + 6 : end])  # the usual event: one "data: " line
-            else:
-                payload = _event_data(buffer[start:end])
+        for event in events:
+            if event[:6] == b"data: " and b"\n" not in event:
+                out.append(event[6:])  # the usual event: one "data: " line
+            elif event:
+                payload = _event_data(event)
                 if payload is not None:
                     out.append(payload)
-            start = end + 2
-        self._buffer = buffer[start:]
         return out
 
     def flush(self) -> list[bytes]:

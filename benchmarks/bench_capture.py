@@ -7,8 +7,10 @@ client's own work is all that remains — the worst case for relative overhead:
     (<= 0.3 ms);
   * bytes held per captured token (<= 16).
 Wall-time ratios are the median of per-round ratios (each round runs both clients back to back).
-The canned server sends ids to both clients (the same bytes on both sides); a request without
-logprobs gets `logprobs: null`, as from vLLM.
+Non-streaming, the plain client asks for the ids itself (the same bytes on both sides: the ratio
+is the capture work), and again without asking (the server then sends none, as vLLM: the ratio
+is what adding capture costs an agent whose calls take no time at all). A request without logprobs
+gets `logprobs: null`, as from vLLM.
 Usage: python benchmarks/bench_capture.py [--check] [--rounds N] [--json-rounds N]
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import socket
 import statistics
@@ -68,11 +71,18 @@ async def stream_round(
     return time.perf_counter() - start
 
 
-async def json_round(client: openai.AsyncOpenAI, collector: tito.Collector | None, n: int) -> float:
+async def json_round(
+    client: openai.AsyncOpenAI, collector: tito.Collector | None, n: int, plain_asks: bool = True
+) -> float:
+    """Sequential non-streaming calls. The plain client asks for the ids itself (and reads them
+    from `model_extra`, the do-it-yourself way) unless `plain_asks` is False."""
+    extra = {"return_token_ids": True} if plain_asks else None
     start = time.perf_counter()
     for i in range(n):
         if collector is None:
-            await client.chat.completions.create(model="bench", messages=MSG, max_tokens=COMPLETION)
+            await client.chat.completions.create(
+                model="bench", messages=MSG, max_tokens=COMPLETION, extra_body=extra
+            )
         else:
             async with collector.episode(f"ep{i}"):
                 await client.chat.completions.create(
@@ -110,7 +120,12 @@ async def measure_ratio(
     base_url: str, kind: str, n: int, rounds: int
 ) -> tuple[float, float, float, float]:
     plain, wrapped, collector = make_clients(base_url)
-    run = stream_round if kind == "stream" else json_round
+    runs = {
+        "stream": stream_round,
+        "json": json_round,
+        "json-unasked": functools.partial(json_round, plain_asks=False),
+    }
+    run: Any = runs[kind]
     await run(plain, None, min(n, 16))  # warm connections and code paths
     await run(wrapped, collector, min(n, 16))
     plain_t: list[tuple[float, float]] = []
@@ -207,6 +222,9 @@ def main() -> int:
         jp, jw, jratio, jcpu = asyncio.run(
             measure_ratio(base_url, "json", args.json_calls, args.json_rounds)
         )
+        up, uw, uratio, ucpu = asyncio.run(
+            measure_ratio(base_url, "json-unasked", args.json_calls, args.json_rounds)
+        )
     finally:
         server.terminate()
         server.wait()
@@ -238,6 +256,12 @@ def main() -> int:
             f"{jcpu:.3f}",
             True,
             "-",
+        ),
+        (
+            "  the same vs a plain client asking no ids (server then sends none, as vLLM)",
+            f"{uw:.2f}s vs {up:.2f}s: {uratio:.3f} (CPU {ucpu:.3f})",
+            uratio <= 1.05,
+            "<= 1.05",
         ),
         ("capture CPU per 4k+1k call", f"{cpu_ms:.3f} ms", cpu_ms <= 0.3, "<= 0.3 ms"),
         (

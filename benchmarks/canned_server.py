@@ -5,7 +5,8 @@ overhead: nothing but the client's own work remains). Run as a separate process:
 
 POST .../chat/completions answers a vLLM 0.32 body with `return_token_ids` fields and logprobs:
 an SSE stream (one event per token) when the request streams, else one JSON body; with logprob
-entries when the request asks for logprobs.
+entries when the request asks for logprobs. JSON bodies carry ids only when the request asks
+(`return_token_ids`), as from vLLM; streams always carry them.
 """
 
 from __future__ import annotations
@@ -131,6 +132,15 @@ def build_bodies(
     return dumps(body), sse
 
 
+def without_ids(body: bytes) -> bytes:
+    """A JSON body as vLLM sends it to a request without `return_token_ids`."""
+    payload = json.loads(body)
+    payload["prompt_token_ids"] = None
+    for choice in payload["choices"]:
+        choice["token_ids"] = None
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
 async def serve(
     port: int, json_body: bytes, sse_body: bytes, lp_json: bytes, lp_sse: bytes
 ) -> None:
@@ -153,6 +163,8 @@ async def serve(
         + models
     )
 
+    plain_body = without_ids(json_body)  # built once: the server's own time stays ~0
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
@@ -169,8 +181,10 @@ async def serve(
                     wants_lp = b'"logprobs":true' in compact
                     if b'"stream":true' in compact:
                         writer.write(sse_response(lp_sse if wants_lp else sse_body))
-                    else:
+                    elif b'"return_token_ids":true' in compact:
                         writer.write(json_response(lp_json if wants_lp else json_body))
+                    else:  # as vLLM: no ids unless asked (the keys stay, null)
+                        writer.write(json_response(plain_body))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass

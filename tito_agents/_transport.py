@@ -138,32 +138,6 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                 yield chunk
             self._tee.end()
 
-        async def _tokenize_all(
-            self, request: Any, asks: list[dict[str, Any]]
-        ) -> list[list[int] | None]:
-            """The renders of one plan step do not depend on each other: ask them all at once
-            (anyio, so trio-run clients work too)."""
-            if len(asks) == 1:
-                return [await self._tokenize(request, asks[0])]
-            results: list[list[int] | None] = [None] * len(asks)
-
-            async def one(i: int) -> None:
-                results[i] = await self._tokenize(request, asks[i])
-
-            async with anyio.create_task_group() as group:
-                for i in range(len(asks)):
-                    group.start_soon(one, i)
-            return results
-
-        async def _tokenize(self, request: Any, ask: dict[str, Any]) -> list[int] | None:
-            response = await self.inner.handle_async_request(
-                _tokenize_request(module, request, ask)
-            )
-            try:
-                return _tokens(response.status_code, await response.aread())
-            finally:
-                await response.aclose()
-
         async def aclose(self) -> None:
             self._tee.close()
             await self._inner.aclose()

@@ -8,6 +8,7 @@ teed SSE stream) and turning parsed choices into `Call` records handed to the ep
 from __future__ import annotations
 
 import enum
+import logging
 import time
 import uuid
 from collections.abc import Mapping
@@ -34,6 +35,8 @@ from tito_agents.errors import (
     OutsideEpisodeError,
 )
 from tito_agents.sessions import Plan, Session, SessionDecision, SessionNote, Turn
+
+logger = logging.getLogger("tito_agents")
 
 if TYPE_CHECKING:
     from tito_agents.collector import Collector
@@ -184,7 +187,11 @@ class CaptureCore:
         except CaptureError as exc:
             choices = [_failed_choice(exc)]
         self._record(pending, parser, choices, status, stream=False)
-        return parser.caller_body()
+        try:
+            return parser.caller_body()
+        except Exception:  # never break the agent's call: hand the body on as it came
+            logger.warning("could not rebuild the response body; passing it on", exc_info=True)
+            return None
 
     def open_stream(self, pending: PendingCall, status: int) -> StreamTee:
         """A tee for an SSE response: fed with each raw byte chunk as it passes to the caller."""
@@ -332,32 +339,27 @@ class StreamTee:
             return
         if self._pending.first_byte_at is None:
             self._pending.first_byte_at = time.time()
-        feed_event = self._parser.feed_event
         try:
-            for payload in self._decoder.feed(data):  # once per token: `_absorb`, inlined
-                if payload == b"[DONE]":
-                    self._done = True  # the server finished: record before the caller sees it
-                    continue
-                try:
-                    event = orjson.loads(payload)
-                except orjson.JSONDecodeError as exc:
-                    raise MalformedResponseError(f"SSE event is not valid JSON: {exc}") from exc
-                feed_event(event)
+            self._absorb(self._decoder.feed(data))
         except CaptureError as exc:
             self._fail(exc)
             return
         if self._done:
             self._complete()
 
-    def _absorb(self, payload: bytes) -> None:
-        if payload == b"[DONE]":
-            self._done = True  # the server finished: record now, before the caller sees [DONE]
-            return
-        try:
-            event = orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            raise MalformedResponseError(f"SSE event is not valid JSON: {exc}") from exc
-        self._parser.feed_event(event)
+    def _absorb(self, payloads: list[bytes]) -> None:
+        """Feed decoded event payloads to the parser (a loop here, not a call per event: this
+        runs once per streamed token)."""
+        feed_event = self._parser.feed_event
+        for payload in payloads:
+            if payload == b"[DONE]":
+                self._done = True  # the server finished: record now, before the caller sees it
+                continue
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError as exc:
+                raise MalformedResponseError(f"SSE event is not valid JSON: {exc}") from exc
+            feed_event(event)
 
     def _fail(self, error: CaptureError) -> None:
         self._error = error
@@ -370,8 +372,7 @@ class StreamTee:
         if self._pending.finished:
             return
         try:
-            for payload in self._decoder.flush():
-                self._absorb(payload)
+            self._absorb(self._decoder.flush())
         except CaptureError as exc:
             self._fail(exc)
             return

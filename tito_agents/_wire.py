@@ -555,6 +555,13 @@ _ID_KEY = b'token_ids":['
 _CONTENT_KEY = b'"logprobs":{"content":['
 _CONTENT_END = b']},"finish_reason":'
 _MARK = "\x00tito:"
+
+
+def _marker(i: int) -> bytes:
+    """The JSON string standing in for cut-out array `i` (it decodes to `_MARK` + i)."""
+    return b'"\\u0000tito:%d"' % i
+
+
 _DIGITS = b"0123456789,"
 _DIGIT_BYTES = frozenset(b"0123456789")
 
@@ -632,7 +639,7 @@ class _BodySegments:
                 close = end + 1
                 key = body.find(_ID_KEY, close)
             parts.append(body[pos : start - 1])
-            parts.append(b'"\\u0000tito:' + str(len(raw)).encode() + b'"')
+            parts.append(_marker(len(raw)))
             raw.append(body[start:end])
             pos = close
         if not raw:
@@ -644,7 +651,7 @@ class _BodySegments:
         """`dumped` (the skeleton, edited and serialized again) with every marker still in it
         replaced by the array it stands for."""
         for i, raw in enumerate(self._raw):
-            marker = b'"\\u0000tito:' + str(i).encode() + b'"'
+            marker = _marker(i)
             if marker in dumped:
                 dumped = dumped.replace(marker, b"[" + raw + b"]")
         return dumped

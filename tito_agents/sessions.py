@@ -188,7 +188,8 @@ def plan(session: Session, payload: dict[str, Any]) -> Plan:
         )
     if payload.get("echo") or payload.get("continue_final_message"):
         return SessionDecision(None, SessionNote.FALLBACK, "echo/continue_final_message request")
-    found = _find_parent(session, messages, tools_key(payload))
+    key = tools_key(payload)
+    found = _find_parent(session, messages, key)
     if found is None:
         return SessionDecision(
             None,
@@ -220,7 +221,7 @@ def plan(session: Session, payload: dict[str, Any]) -> Plan:
     shape = (
         str(payload.get("model")),
         roles,
-        tools_key(payload),
+        key,
         orjson.dumps(payload.get("chat_template_kwargs")),
     )
     sampled = parent.sampled_ids

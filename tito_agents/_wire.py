@@ -376,6 +376,11 @@ class ResponseParser:
         info, payload = self.info, self._payload
         if payload is None or not (info.added_ids or info.added_logprobs):
             return None
+        segments = self._segments
+        if segments is not None and not info.added_logprobs:
+            nulled = self._added_id_markers(payload)
+            if nulled is not None:  # the server's own bytes, each added id array now `null`
+                return segments.join(nulled)
         if info.added_ids and "prompt_token_ids" in payload:
             payload["prompt_token_ids"] = None
         for choice in payload["choices"]:
@@ -386,9 +391,26 @@ class ResponseParser:
             if info.added_logprobs and "logprobs" in choice:
                 choice["logprobs"] = None
         out = orjson.dumps(payload)
-        if self._segments is not None:  # arrays the caller asked for: put their text back
-            out = self._segments.restore(out)
+        if segments is not None:  # arrays the caller asked for: put their text back
+            out = segments.restore(out)
         return out
+
+    def _added_id_markers(self, payload: dict[str, Any]) -> set[str] | None:
+        """The markers of the id arrays capture added (top-level and per-choice
+        `prompt_token_ids`, per-choice `token_ids`); None when one of those keys holds anything but
+        a cut-out array or null, which the general path then sets to null."""
+        markers: set[str] = set()
+        holders: list[Any] = [payload, *payload["choices"]]
+        for i, holder in enumerate(holders):
+            if not isinstance(holder, dict):
+                return None
+            for key in ("prompt_token_ids",) if i == 0 else ("token_ids", "prompt_token_ids"):
+                value = holder.get(key)
+                if type(value) is str and value.startswith(_MARK):
+                    markers.add(value)
+                elif value is not None:
+                    return None
+        return markers
 
     def _parse_body_choice(self, raw: Any, top_prompt: IdArray | None) -> ParsedChoice:
         if not isinstance(raw, dict):
@@ -604,21 +626,28 @@ class _BodySegments:
     `token_ids` arrays become int32 arrays through numpy's text parser, so the JSON parser builds no
     Python int per token; chat logprob entries are parsed on their own, only when present. The cut points are
     found by byte search: the keys contain quotes, which cannot occur unescaped inside a string.
+    The cut-out arrays are views of the body, not copies.
     """
 
-    __slots__ = ("_raw", "skeleton")
+    __slots__ = ("_pieces", "_raw", "skeleton")
 
-    def __init__(self, skeleton: bytes, raw: list[bytes]) -> None:
-        self.skeleton = skeleton
+    def __init__(self, pieces: list[bytes], raw: list[memoryview]) -> None:
+        self._pieces = pieces
+        """The body between the cut-out arrays (one more piece than arrays)."""
         self._raw = raw
+        parts = [pieces[0]]
+        for i in range(len(raw)):
+            parts += (_marker(i), pieces[i + 1])
+        self.skeleton = b"".join(parts)
 
     @classmethod
     def split(cls, body: bytes) -> _BodySegments | None:
         """Cut the id arrays, and the chat logprob entries before them, out of `body`."""
         if len(body) < 2048:
             return None  # small bodies parse whole just as fast
-        parts: list[bytes] = []
-        raw: list[bytes] = []
+        view = memoryview(body)
+        pieces: list[bytes] = []
+        raw: list[memoryview] = []
         pos = 0
         key = body.find(_ID_KEY)
         while key != -1:
@@ -638,14 +667,25 @@ class _BodySegments:
                     return None
                 close = end + 1
                 key = body.find(_ID_KEY, close)
-            parts.append(body[pos : start - 1])
-            parts.append(_marker(len(raw)))
-            raw.append(body[start:end])
+            pieces.append(body[pos : start - 1])
+            raw.append(view[start:end])
             pos = close
         if not raw:
             return None
-        parts.append(body[pos:])
-        return cls(b"".join(parts), raw)
+        pieces.append(body[pos:])
+        return cls(pieces, raw)
+
+    def join(self, nulled: set[str]) -> bytes:
+        """The body again, byte for byte, except that the arrays of `nulled` markers are `null`."""
+        pieces, raw = self._pieces, self._raw
+        parts = [pieces[0]]
+        for i, segment in enumerate(raw):
+            if _MARK + str(i) in nulled:
+                parts.append(b"null")
+            else:
+                parts += (b"[", segment, b"]")
+            parts.append(pieces[i + 1])
+        return b"".join(parts)
 
     def restore(self, dumped: bytes) -> bytes:
         """`dumped` (the skeleton, edited and serialized again) with every marker still in it
@@ -656,7 +696,7 @@ class _BodySegments:
                 dumped = dumped.replace(marker, b"[" + raw + b"]")
         return dumped
 
-    def _segment(self, marker: str) -> bytes:
+    def _segment(self, marker: str) -> memoryview:
         if not marker.startswith(_MARK):
             raise MalformedResponseError("token ids are a string, expected a list of ints")
         return self._raw[int(marker[len(_MARK) :])]
@@ -674,16 +714,17 @@ class _BodySegments:
             if parsed is None:
                 raise _FallBack
             return np.frombuffer(parsed, dtype=np.int32)
-        if not segment:
+        text = segment.tobytes()
+        if not text:
             return np.zeros(0, dtype=np.int32)
         if (
-            segment.translate(None, _DIGITS)
-            or segment[0] not in _DIGIT_BYTES
-            or segment[-1] not in _DIGIT_BYTES
+            text.translate(None, _DIGITS)
+            or text[0] not in _DIGIT_BYTES
+            or text[-1] not in _DIGIT_BYTES
         ):
             raise _FallBack
         try:  # an empty item (",,") is text numpy cannot read to the end: ValueError
-            values = _parse_int_text(segment)
+            values = _parse_int_text(text)
         except ValueError:
             raise _FallBack from None
         if values.max() > _MAX_ID:  # numpy saturates at 2**63 - 1, so this sees every overflow

@@ -90,8 +90,9 @@ class Sample:
 
     @property
     def num_trained(self) -> int:
-        """How many positions carry loss 1 (tokens the engine sampled)."""
-        return int(self.loss_mask.sum())
+        """How many positions carry loss 1 (tokens the engine sampled). `count_nonzero`: a
+        uint8 `sum` widens every element first and costs ~10x more per sample."""
+        return int(np.count_nonzero(self.loss_mask))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping (numpy arrays stay arrays; orjson serializes them natively)."""

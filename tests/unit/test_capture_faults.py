@@ -290,3 +290,66 @@ def test_rewards_must_be_finite() -> None:
             ep.set_reward(float("nan"))
         ep.set_reward(0.5)
     assert ep.reward == 0.5
+
+
+def body_transport(cap: Capture, *, gzip_it: bool, chunks: int) -> httpx2.MockTransport:
+    """A server that answers `cap` compressed although capture asked for `identity`, and/or in
+    several chunks."""
+    import gzip
+
+    body = gzip.compress(cap.body) if gzip_it else cap.body
+    headers = {"content-type": "application/json"}
+    if gzip_it:
+        headers["content-encoding"] = "gzip"
+    size = -(-len(body) // chunks)
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+
+    async def agen() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(cap.status, headers=headers, content=iter(pieces))
+
+    async def ahandler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(cap.status, headers=headers, content=agen())
+
+    return httpx2.MockTransport(handler), httpx2.MockTransport(ahandler)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("gzip_it, chunks", [(True, 1), (True, 5), (False, 5)])
+async def test_compressed_or_chunked_bodies_are_captured_and_handed_on(
+    gzip_it: bool, chunks: int
+) -> None:
+    """The caller gets the decoded response (without the ids it did not ask for); the call keeps
+    the exact ids, sync and async."""
+    cap = load_capture("chat_ns")
+    want = cap.json()
+    sync_t, async_t = body_transport(cap, gzip_it=gzip_it, chunks=chunks)  # type: ignore[misc]
+    collector = tito.Collector(capture_logprobs=False)
+    sync = collector.wrap(
+        openai.OpenAI(
+            base_url="http://vllm.test/v1",
+            api_key="x",
+            http_client=openai.DefaultHttpxClient(transport=sync_t),
+        )
+    )
+    asyn = collector.wrap(
+        openai.AsyncOpenAI(
+            base_url="http://vllm.test/v1",
+            api_key="x",
+            http_client=openai.DefaultAsyncHttpxClient(transport=async_t),
+        )
+    )
+    with collector.episode() as sync_ep:  # one each: the same response id twice is one call
+        got = [sync.chat.completions.create(model="m", messages=MSG)]  # type: ignore[arg-type]
+    async with collector.episode() as async_ep:
+        got.append(await asyn.chat.completions.create(model="m", messages=MSG))  # type: ignore[arg-type]
+    for response in got:
+        assert response.choices[0].message.content == want["choices"][0]["message"]["content"]
+        assert response.model_extra["prompt_token_ids"] is None  # type: ignore[index]
+    calls = sync_ep.calls + async_ep.calls
+    assert [c.status for c in calls] == [tito.CallStatus.COMPLETE] * 2
+    for call in calls:
+        assert call.prompt_ids.tolist() == want["prompt_token_ids"]
+        assert call.sampled_ids.tolist() == want["choices"][0]["token_ids"]

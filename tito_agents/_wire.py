@@ -678,7 +678,7 @@ class _BodySegments:
     def join(self, nulled: set[str]) -> bytes:
         """The body again, byte for byte, except that the arrays of `nulled` markers are `null`."""
         pieces, raw = self._pieces, self._raw
-        parts = [pieces[0]]
+        parts: list[bytes | memoryview] = [pieces[0]]
         for i, segment in enumerate(raw):
             if _MARK + str(i) in nulled:
                 parts.append(b"null")

@@ -50,6 +50,7 @@ _SAMPLING_KEYS = (
     "guided_choice",
     "guided_grammar",
 )
+_SAMPLING_SET = frozenset(_SAMPLING_KEYS)
 _MAX_ID = 2**31 - 1
 _ABSENT: Any = object()
 
@@ -128,15 +129,17 @@ def prepare_request(
     asked = payload.get("logprobs")
     chat = endpoint is Endpoint.CHAT
     wants_logprobs = asked is True if chat else (type(asked) is int and asked >= 0)
-    messages = payload.get("messages") if endpoint is Endpoint.CHAT else None
+    messages = payload.get("messages") if chat else None
+    tools = payload.get("tools")
     info = RequestInfo(
         endpoint=endpoint,
         stream=bool(payload.get("stream")),
         n=int(payload.get("n") or 1),
-        sampling={k: payload[k] for k in _SAMPLING_KEYS if k in payload},
+        # a request has a handful of keys: test those, not every sampling key
+        sampling={k: v for k, v in payload.items() if k in _SAMPLING_SET},
         wants_logprobs=wants_logprobs,
-        messages=messages if isinstance(messages, list) else None,
-        tools=payload.get("tools") if isinstance(payload.get("tools"), list) else None,
+        messages=messages if type(messages) is list else None,
+        tools=tools if type(tools) is list else None,
         include_reasoning=payload.get("include_reasoning", True) is not False,
         payload=payload,
         added_ids=added_ids,

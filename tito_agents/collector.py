@@ -247,8 +247,10 @@ class Collector:
         return samples
 
     def _count_samples(self, episode: Episode, samples: list[Sample]) -> None:
-        tokens = sum(s.num_tokens for s in samples)
-        trained = sum(s.num_trained for s in samples)
+        tokens = trained = 0
+        for sample in samples:
+            tokens += sample.num_tokens
+            trained += sample.num_trained
         report = episode.report
         report.samples += len(samples)
         report.tokens += tokens

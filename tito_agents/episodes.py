@@ -336,10 +336,10 @@ class Episode:
             calls = list(self.calls)
             report = self.report
             report.calls = len(calls)
-            report.complete = sum(c.status is CallStatus.COMPLETE for c in calls)
-            report.unusable = sum(c.status is CallStatus.UNUSABLE for c in calls)
-            report.incomplete = sum(c.status is CallStatus.INCOMPLETE for c in calls)
-            report.incomplete += self._inflight
+            statuses = [c.status for c in calls]
+            report.complete = statuses.count(CallStatus.COMPLETE)
+            report.unusable = statuses.count(CallStatus.UNUSABLE)
+            report.incomplete = statuses.count(CallStatus.INCOMPLETE) + self._inflight
             report.errors = [str(e) for e in self.errors]
         return calls
 

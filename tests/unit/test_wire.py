@@ -113,6 +113,49 @@ def check_parsed(parsed: Any, prompt: list[int], choices: list[list[int]], logpr
             assert choice.logprobs.tolist() == pytest.approx([-0.25 * (t % 7) for t in ids])
 
 
+def without_added_ids(body: bytes) -> Any:
+    """What the caller of a request without `return_token_ids` gets from vLLM: the ids null."""
+    data = json.loads(body)
+    data["prompt_token_ids"] = None
+    for choice in data["choices"]:
+        choice["token_ids"] = None
+    return data
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt=ids_st, choices=st.lists(ids_st, min_size=1, max_size=3), logprobs=st.booleans())
+def test_caller_body_is_the_servers_own_bytes_with_the_added_ids_null(
+    prompt: list[int], choices: list[list[int]], logprobs: bool
+) -> None:
+    """Long bodies are rebuilt from the server's bytes (not serialized again): byte for byte what
+    the server sends a request without `return_token_ids`; logprobs the caller asked are kept."""
+    body = chat_body(prompt, choices, logprobs)
+    parser = ResponseParser(info(logprobs))
+    parser.parse_body(body)
+    got = parser.caller_body()
+    assert got is not None
+    want = without_added_ids(body)
+    if len(body) >= 2048:  # the cut-out path
+        assert got == json.dumps(want, separators=(",", ":")).encode()
+    else:
+        assert json.loads(got) == want
+
+
+def test_arrays_capture_did_not_add_are_handed_on_as_they_came() -> None:
+    """Only the ids capture asked for are nulled; another array of ids (here in
+    `kv_transfer_params`, as with disaggregated prefill) reaches the caller unchanged."""
+    data = json.loads(chat_body(list(range(700)), [[5, 6, 7]], False))
+    data["kv_transfer_params"] = {"prompt_token_ids": [9, 8, 7]}
+    body = json.dumps(data, separators=(",", ":")).encode()
+    parser = ResponseParser(info(False))
+    (choice,) = parser.parse_body(body)
+    assert choice.prompt_ids is not None and choice.prompt_ids.tolist() == list(range(700))
+    got = parser.caller_body()
+    assert got is not None
+    assert got == json.dumps(without_added_ids(body), separators=(",", ":")).encode()
+    assert json.loads(got)["kv_transfer_params"] == {"prompt_token_ids": [9, 8, 7]}
+
+
 @pytest.mark.parametrize(
     "bad",
     [b"1,2.5,3", b"1,-2,3", b'1,"2",3', b"1,,3", b"1,2,99999999999", b"1, ,3", b"1,2,", b"+1,2"],

@@ -69,14 +69,15 @@ def _rebuild(module: Any, request: Any, body: bytes) -> Any:
     return rebuilt
 
 
-_REPLACED_RESPONSE_HEADERS = (b"content-length", b"content-encoding")
+_REPLACED_RESPONSE_HEADERS = (b"content-length", b"content-encoding", b"transfer-encoding")
 
 
 def _with_body(module: Any, response: Any, body: bytes) -> Any:
     """`response` carrying `body` (decoded), already read: the client's own read of it is then a
     no-op instead of a second pass through httpx's decoder and chunker generators (measured:
     about 35 us per call, more than all of capture's parsing). Raw header pairs, as in
-    `_rebuild`; `content-encoding` is dropped since `body` is decoded."""
+    `_rebuild`; `body` is whole and decoded, so it has a length and neither a content nor a
+    transfer encoding."""
     headers = [
         (k, v) for k, v in response.headers.raw if k.lower() not in _REPLACED_RESPONSE_HEADERS
     ]

@@ -60,13 +60,18 @@ def read_sync(response: Any) -> bytes:
     return b"".join(response.iter_bytes())
 
 
-def check(cap: Capture, caller_body: bytes, seen: list[dict[str, Any]], ep: tito.Episode) -> None:
+def check(
+    cap: Capture, response: Any, caller_body: bytes, seen: list[dict[str, Any]], ep: tito.Episode
+) -> None:
     assert seen[0]["return_token_ids"] is True  # added for the vLLM host
     (call,) = ep.calls
     assert call.status is tito.CallStatus.COMPLETE
     if cap.is_stream:
         assert caller_body == cap.body  # streams pass through unchanged
         return
+    # the server sent it in chunks; the caller gets it whole, framed by its length
+    assert "transfer-encoding" not in response.headers
+    assert response.headers["content-length"] == str(len(caller_body))
     want = cap.json()
     assert call.prompt_ids.tolist() == want["prompt_token_ids"]
     assert call.sampled_ids.tolist() == want["choices"][0]["token_ids"]
@@ -87,7 +92,7 @@ def test_sync_client_of_either_library_is_captured(module: types.ModuleType, nam
     url = f"{BASE_URL}/chat/completions"
     with collector.episode() as ep, client.stream("POST", url, json=request_of(cap)) as response:
         body = read_sync(response)
-    check(cap, body, seen, ep)
+    check(cap, response, body, seen, ep)
 
 
 @pytest.mark.parametrize("name", ["chat_ns", "chat_stream"])
@@ -103,7 +108,7 @@ async def test_async_client_of_either_library_is_captured(
     async with collector.episode() as ep:
         response = await client.post(f"{BASE_URL}/chat/completions", json=request_of(cap))
         body = response.content
-    check(cap, body, seen, ep)
+    check(cap, response, body, seen, ep)
     await client.aclose()
 
 

@@ -69,6 +69,13 @@ def _rebuild(module: Any, request: Any, body: bytes) -> Any:
     return rebuilt
 
 
+def _already_read(response: Any) -> bytes | None:
+    """The decoded body of a response an inner transport built from bytes (`Response(content=...)`
+    reads it at once, and its stream may not be readable a second time), else None."""
+    content = getattr(response, "_content", None)
+    return content if isinstance(content, bytes) else None
+
+
 _REPLACED_RESPONSE_HEADERS = (b"content-length", b"content-encoding", b"transfer-encoding")
 
 
@@ -197,7 +204,10 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                     extensions=response.extensions,
                 )
             try:
-                if encoded:  # a server that ignored `accept-encoding: identity`
+                body = _already_read(response)
+                if body is not None:
+                    pass
+                elif encoded:  # a server that ignored `accept-encoding: identity`
                     body = response.read()
                 else:  # the raw chunks: httpx's decoding generators have nothing to do here
                     try:
@@ -271,7 +281,10 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                     extensions=response.extensions,
                 )
             try:
-                if encoded:  # a server that ignored `accept-encoding: identity`
+                body = _already_read(response)
+                if body is not None:
+                    pass
+                elif encoded:  # a server that ignored `accept-encoding: identity`
                     body = await response.aread()
                 else:  # the raw chunks (see the sync twin)
                     try:

@@ -353,3 +353,57 @@ async def test_compressed_or_chunked_bodies_are_captured_and_handed_on(
     for call in calls:
         assert call.prompt_ids.tolist() == want["prompt_token_ids"]
         assert call.sampled_ids.tolist() == want["choices"][0]["token_ids"]
+
+
+async def test_a_response_the_inner_transport_already_read_is_captured() -> None:
+    """A transport below capture that read the body itself (its one-shot stream is spent) still
+    gives the caller its response and the call its ids, sync and async."""
+    cap = load_capture("chat_ns")
+    want = cap.json()
+
+    def read_response() -> httpx2.Response:
+        response = httpx2.Response(
+            200, headers={"content-type": "application/json"}, content=iter([cap.body])
+        )
+        response.read()
+        return response
+
+    async def aread_response() -> httpx2.Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield cap.body
+
+        response = httpx2.Response(
+            200, headers={"content-type": "application/json"}, content=chunks()
+        )
+        await response.aread()
+        return response
+
+    async def ahandler(request: httpx2.Request) -> httpx2.Response:
+        return await aread_response()
+
+    collector = tito.Collector(capture_logprobs=False)
+    sync = collector.wrap(
+        openai.OpenAI(
+            base_url="http://vllm.test/v1",
+            api_key="x",
+            http_client=openai.DefaultHttpxClient(
+                transport=httpx2.MockTransport(lambda request: read_response())
+            ),
+        )
+    )
+    asyn = collector.wrap(
+        openai.AsyncOpenAI(
+            base_url="http://vllm.test/v1",
+            api_key="x",
+            http_client=openai.DefaultAsyncHttpxClient(transport=httpx2.MockTransport(ahandler)),
+        )
+    )
+    with collector.episode() as sync_ep:
+        got = [sync.chat.completions.create(model="m", messages=MSG)]  # type: ignore[arg-type]
+    async with collector.episode() as async_ep:
+        got.append(await asyn.chat.completions.create(model="m", messages=MSG))  # type: ignore[arg-type]
+    for response in got:
+        assert response.choices[0].message.content == want["choices"][0]["message"]["content"]
+    for call in sync_ep.calls + async_ep.calls:
+        assert call.status is tito.CallStatus.COMPLETE
+        assert call.sampled_ids.tolist() == want["choices"][0]["token_ids"]

@@ -204,9 +204,9 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                     extensions=response.extensions,
                 )
             try:
-                body = _already_read(response)
-                if body is not None:
-                    pass
+                already = _already_read(response)
+                if already is not None:
+                    body = already
                 elif encoded:  # a server that ignored `accept-encoding: identity`
                     body = response.read()
                 else:  # the raw chunks: httpx's decoding generators have nothing to do here
@@ -281,9 +281,9 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                     extensions=response.extensions,
                 )
             try:
-                body = _already_read(response)
-                if body is not None:
-                    pass
+                already = _already_read(response)
+                if already is not None:
+                    body = already
                 elif encoded:  # a server that ignored `accept-encoding: identity`
                     body = await response.aread()
                 else:  # the raw chunks (see the sync twin)

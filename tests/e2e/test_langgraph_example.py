@@ -62,15 +62,18 @@ def test_langgraph_example_writes_exact_samples(
     # The first model call of an episode is a forced (grammar-constrained) tool call: its rollout
     # logprobs are of the masked distribution, which a free re-scoring cannot reproduce (see
     # tests/rescoring.py `constrained`). The answers after the tool result are free: re-score them.
-    # A forced call cut at max_completion_tokens carries no complete tool call, so LangGraph ends
-    # that episode after one step; every other episode goes agent -> tools -> agent.
+    # Every episode whose forced call ended on its own goes agent -> tools -> agent. A forced call
+    # cut at max_completion_tokens usually carries no complete tool call, and LangGraph then ends
+    # the episode after one step; but the cut can fall after the JSON closed (only the end-of-turn
+    # token missing), and then the episode goes on too. So cut episodes may or may not answer.
     answers = [s for s in samples if s.metadata["labels"]["langgraph_step"] > 1]
     cut = {
         s.episode_id
         for s in samples
         if s.metadata["labels"]["langgraph_step"] == 1 and s.spans[-1].finish_reason == "length"
     }
-    assert {s.episode_id for s in answers} == set(by_episode) - cut
+    answered = {s.episode_id for s in answers}
+    assert set(by_episode) - cut <= answered <= set(by_episode)
     assert answers, f"every forced tool call was cut at max_completion_tokens: {run.stdout}"
     for sample in answers:
         result = rescore_sample(vllm_base_url, vllm_model, sample)

@@ -51,6 +51,10 @@ _SAMPLING_KEYS = (
     "guided_grammar",
 )
 _SAMPLING_SET = frozenset(_SAMPLING_KEYS)
+_TOP_ID_KEYS = ("prompt_token_ids",)
+_CHOICE_ID_KEYS = ("token_ids", "prompt_token_ids")
+"""Where a response carries the ids `return_token_ids` asks for: the fields capture nulls again
+for a caller that did not ask for them."""
 _MAX_ID = 2**31 - 1
 _ABSENT: Any = object()
 
@@ -381,14 +385,15 @@ class ResponseParser:
             return None
         segments = self._segments
         if segments is not None and not info.added_logprobs:
-            nulled = self._added_id_markers(payload)
+            nulled = self._added_id_arrays(segments, payload)
             if nulled is not None:  # the server's own bytes, each added id array now `null`
                 return segments.join(nulled)
-        if info.added_ids and "prompt_token_ids" in payload:
-            payload["prompt_token_ids"] = None
+        for key in _TOP_ID_KEYS if info.added_ids else ():
+            if key in payload:
+                payload[key] = None
         for choice in payload["choices"]:
             if info.added_ids:
-                for key in ("token_ids", "prompt_token_ids"):
+                for key in _CHOICE_ID_KEYS:
                     if key in choice:
                         choice[key] = None
             if info.added_logprobs and "logprobs" in choice:
@@ -398,22 +403,24 @@ class ResponseParser:
             out = segments.restore(out)
         return out
 
-    def _added_id_markers(self, payload: dict[str, Any]) -> set[str] | None:
-        """The markers of the id arrays capture added (top-level and per-choice
-        `prompt_token_ids`, per-choice `token_ids`); None when one of those keys holds anything but
-        a cut-out array or null, which the general path then sets to null."""
-        markers: set[str] = set()
+    @staticmethod
+    def _added_id_arrays(segments: _BodySegments, payload: dict[str, Any]) -> set[int] | None:
+        """The cut-out arrays at the id fields capture added; None when one of those fields holds
+        anything but a cut-out array or null, which the general path then sets to null."""
+        nulled: set[int] = set()
         holders: list[Any] = [payload, *payload["choices"]]
         for i, holder in enumerate(holders):
             if not isinstance(holder, dict):
                 return None
-            for key in ("prompt_token_ids",) if i == 0 else ("token_ids", "prompt_token_ids"):
+            for key in _TOP_ID_KEYS if i == 0 else _CHOICE_ID_KEYS:
                 value = holder.get(key)
-                if type(value) is str and value.startswith(_MARK):
-                    markers.add(value)
-                elif value is not None:
+                if value is None:
+                    continue
+                index = segments.index_of(value)
+                if index is None:
                     return None
-        return markers
+                nulled.add(index)
+        return nulled
 
     def _parse_body_choice(self, raw: Any, top_prompt: IdArray | None) -> ParsedChoice:
         if not isinstance(raw, dict):
@@ -678,12 +685,12 @@ class _BodySegments:
         pieces.append(body[pos:])
         return cls(pieces, raw)
 
-    def join(self, nulled: set[str]) -> bytes:
-        """The body again, byte for byte, except that the arrays of `nulled` markers are `null`."""
+    def join(self, nulled: set[int]) -> bytes:
+        """The body again, byte for byte, except that the cut-out arrays `nulled` are `null`."""
         pieces, raw = self._pieces, self._raw
         parts: list[bytes | memoryview] = [pieces[0]]
         for i, segment in enumerate(raw):
-            if _MARK + str(i) in nulled:
+            if i in nulled:
                 parts.append(b"null")
             else:
                 parts += (b"[", segment, b"]")
@@ -699,10 +706,20 @@ class _BodySegments:
                 dumped = dumped.replace(marker, b"[" + raw + b"]")
         return dumped
 
+    def index_of(self, value: Any) -> int | None:
+        """Which cut-out array a parsed skeleton value stands for, or None if it is no marker."""
+        if type(value) is not str or not value.startswith(_MARK):
+            return None
+        digits = value[len(_MARK) :]
+        if not digits.isdigit() or int(digits) >= len(self._raw):
+            return None
+        return int(digits)
+
     def _segment(self, marker: str) -> memoryview:
-        if not marker.startswith(_MARK):
+        index = self.index_of(marker)
+        if index is None:
             raise MalformedResponseError("token ids are a string, expected a list of ints")
-        return self._raw[int(marker[len(_MARK) :])]
+        return self._raw[index]
 
     def ids(self, marker: str) -> IdArray:
         """The ids of a cut-out array; `_FallBack` when the text is not plain JSON integers in

@@ -292,7 +292,9 @@ def test_rewards_must_be_finite() -> None:
     assert ep.reward == 0.5
 
 
-def body_transport(cap: Capture, *, gzip_it: bool, chunks: int) -> httpx2.MockTransport:
+def body_transport(
+    cap: Capture, *, gzip_it: bool, chunks: int
+) -> tuple[httpx2.MockTransport, httpx2.MockTransport]:
     """A server that answers `cap` compressed although capture asked for `identity`, and/or in
     several chunks."""
     import gzip
@@ -314,7 +316,7 @@ def body_transport(cap: Capture, *, gzip_it: bool, chunks: int) -> httpx2.MockTr
     async def ahandler(request: httpx2.Request) -> httpx2.Response:
         return httpx2.Response(cap.status, headers=headers, content=agen())
 
-    return httpx2.MockTransport(handler), httpx2.MockTransport(ahandler)  # type: ignore[return-value]
+    return httpx2.MockTransport(handler), httpx2.MockTransport(ahandler)
 
 
 @pytest.mark.parametrize("gzip_it, chunks", [(True, 1), (True, 5), (False, 5)])
@@ -325,7 +327,7 @@ async def test_compressed_or_chunked_bodies_are_captured_and_handed_on(
     the exact ids, sync and async."""
     cap = load_capture("chat_ns")
     want = cap.json()
-    sync_t, async_t = body_transport(cap, gzip_it=gzip_it, chunks=chunks)  # type: ignore[misc]
+    sync_t, async_t = body_transport(cap, gzip_it=gzip_it, chunks=chunks)
     collector = tito.Collector(capture_logprobs=False)
     sync = collector.wrap(
         openai.OpenAI(

@@ -406,3 +406,38 @@ def test_a_forked_child_gets_its_own_worker(tmp_path: Path) -> None:
     got = sorted(s.sample_id for s in read_samples(path))
     assert got == sorted(ids(make(10)))
     assert sink.stats.exported == 7
+
+
+def test_write_nowait_refuses_at_once_where_write_would_wait(flaky: FlakySink) -> None:
+    """write_nowait never waits: with the buffer full and no spill log it raises a retryable
+    SinkError at once and accepts nothing (the caller keeps the samples); with room it accepts
+    like write, and everything accepted is delivered once, in order."""
+    flaky.down = True
+    sink = BufferedSink(flaky, max_buffer_samples=4, retry=FAST, batch_size=2, linger=0)
+    sink.write_nowait(make(6))  # accepted: the buffer was empty
+    started = time.monotonic()
+    with pytest.raises(SinkError, match="not accepted") as caught:
+        sink.write_nowait(make(3, start=6))
+    assert time.monotonic() - started < 0.1
+    assert caught.value.retryable
+    assert (sink.stats.accepted, sink.stats.refused_writes, sink.stats.blocked_writes) == (6, 1, 0)
+    flaky.down = False
+    sink.flush(timeout=10)
+    sink.write_nowait(make(3, start=6))  # room again
+    sink.write_nowait([])
+    sink.close()
+    assert flaky.received == ids(make(9))
+
+
+def test_write_nowait_spills_instead_of_refusing(flaky: FlakySink, tmp_path: Path) -> None:
+    """With a spill log, a full buffer is no reason to refuse: write_nowait spills like write."""
+    flaky.down = True
+    sink = BufferedSink(
+        flaky, max_buffer_samples=4, retry=FAST, batch_size=2, linger=0, spill_dir=tmp_path
+    )
+    for i in range(0, 12, 3):
+        sink.write_nowait(make(3, start=i))
+    assert sink.stats.spilled >= 6 and sink.stats.refused_writes == 0
+    flaky.down = False
+    sink.close(timeout=10)
+    assert flaky.received == ids(make(12))

@@ -18,8 +18,9 @@ A retried batch may reach the destination twice (it was stored but the reply was
 remove duplicates by `sample_id`, so what they see is exactly once.
 
 Threading: every method may be called from any thread; `inner` is only ever called from the worker
-thread. Blocking: `write` returns at once unless the buffer is full and no spill log is configured.
-`flush` and `close` block until delivery (see their docstrings).
+thread. Blocking: `write` returns at once unless the buffer is full and no spill log is configured
+(or the spill append fails); `write_nowait` raises a retryable `SinkError` there instead of
+waiting. `flush` and `close` block until delivery (see their docstrings).
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class ExportStats:
     blocked_seconds: float = 0.0
     spill_failures: int = 0
     """Spill appends that failed (e.g. the spill disk is full too); those writes waited instead."""
+    refused_writes: int = 0
+    """`write_nowait` calls that found no room and raised (the caller kept the samples)."""
     last_error: str | None = None
 
     def as_dict(self) -> dict[str, object]:
@@ -244,8 +247,16 @@ class BufferedSink(Sink):
             if waited_since is not None:
                 self.stats.blocked_seconds += time.monotonic() - waited_since
 
-    async def awrite(self, samples: Sequence[Sample]) -> None:
-        """Enqueue without blocking the event loop (a blocked write runs in a thread)."""
+    def write_nowait(self, samples: Sequence[Sample]) -> None:
+        """Accept samples like `write`, but never wait for room.
+
+        For callers that must not block (an HTTP transport, an event loop): where `write` would
+        wait (buffer full and no spill log, or the spill append failed), this raises
+        `SinkError(retryable=True)` at once and accepts nothing, so the caller still owns the
+        samples and decides (retry later, `write`, or fail the episode); nothing is dropped
+        silently. It may append to the spill log (a local, fsynced write), never waits for the
+        destination.
+        """
         if not samples:
             return
         batch = list(samples)
@@ -253,8 +264,29 @@ class BufferedSink(Sink):
         with self._cond:
             self._check_open()
             self._start_worker()
-            if not self._spilling and self._fits(len(batch), nbytes):
-                self._enqueue_memory(batch, nbytes)
+            if self._enqueue_locked(batch, nbytes):
+                return
+            self.stats.refused_writes += 1
+        raise SinkError(
+            f"{self.name}: buffer full and nowhere to spill; {len(batch)} samples not accepted "
+            f"(last error: {self.stats.last_error})",
+            retryable=True,
+        )
+
+    async def awrite(self, samples: Sequence[Sample]) -> None:
+        """`write` for coroutines: the event loop never waits.
+
+        Samples that fit in memory are accepted inline; a spill append (disk I/O) or a wait for
+        room (backpressure, `block_timeout`) runs in a thread, with `write`'s semantics.
+        """
+        if not samples:
+            return
+        batch = list(samples)
+        nbytes = sum(sample_nbytes(s) for s in batch)
+        with self._cond:
+            self._check_open()
+            self._start_worker()
+            if self._enqueue_memory_if_room(batch, nbytes):
                 return
         await asyncio.to_thread(self.write, batch)
 
@@ -273,10 +305,16 @@ class BufferedSink(Sink):
         self.stats.buffered = len(self._memory) + self._inflight
         self._cond.notify_all()
 
-    def _enqueue_locked(self, batch: list[Sample], nbytes: int) -> bool:
-        """Put `batch` in memory or the spill log; False when it must wait for room."""
+    def _enqueue_memory_if_room(self, batch: list[Sample], nbytes: int) -> bool:
+        """Put `batch` in memory if memory is where it belongs now and there is room."""
         if not self._spilling and self._fits(len(batch), nbytes):
             self._enqueue_memory(batch, nbytes)
+            return True
+        return False
+
+    def _enqueue_locked(self, batch: list[Sample], nbytes: int) -> bool:
+        """Put `batch` in memory or the spill log; False when it must wait for room."""
+        if self._enqueue_memory_if_room(batch, nbytes):
             return True
         spill = self._spill_log()
         if spill is None:

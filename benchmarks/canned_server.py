@@ -6,15 +6,25 @@ overhead: nothing but the client's own work remains). Run as a separate process:
 POST .../chat/completions answers a vLLM 0.32 body with `return_token_ids` fields and logprobs:
 an SSE stream (one event per token) when the request streams, else one JSON body; with logprob
 entries when the request asks for logprobs. JSON bodies carry ids only when the request asks
-(`return_token_ids`), as from vLLM; streams always carry them.
+(`return_token_ids`), as from vLLM; streams always carry them. Every response has its own id
+(`chatcmpl-<16 hex digits>`, a counter; the chunks of one stream share it), as from vLLM: a
+multi-call episode must not collapse into one sample because its calls look like one response.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import sys
+
+RID = b"chatcmpl-0123456789abcdef"
+"""The response id in the pre-built bodies; `Canned` swaps in a fresh one per response."""
+
+
+def dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def build_bodies(
@@ -24,7 +34,7 @@ def build_bodies(
     prompt = [rng.randrange(3, 49152) for _ in range(prompt_tokens)]
     sampled = [rng.randrange(3, 49152) for _ in range(completion_tokens - 1)] + [2]
     lps = [round(-rng.random() * 3, 6) for _ in sampled]
-    rid = "chatcmpl-0123456789abcdef"
+    rid = RID.decode()
     content = [
         {"token": f"t{t}", "logprob": lp, "bytes": [116], "top_logprobs": []}
         for t, lp in zip(sampled, lps, strict=True)
@@ -69,7 +79,6 @@ def build_bodies(
         "ec_transfer_params": None,
         "metrics": None,
     }
-    dumps = lambda o: json.dumps(o, separators=(",", ":")).encode()  # noqa: E731
     events = [
         dumps(
             {
@@ -141,6 +150,21 @@ def without_ids(body: bytes) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
+class Canned:
+    """A pre-built HTTP response, split where the response id goes, so each answer gets a fresh
+    id with one join and no parsing (the id keeps its length, so the lengths in the head stay
+    right)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, response: bytes) -> None:
+        self.parts = response.split(RID)
+
+    def render(self) -> bytes:
+        rid = b"chatcmpl-%016x" % next(self._ids)
+        return rid.join(self.parts)
+
+
 async def serve(
     port: int, json_body: bytes, sse_body: bytes, lp_json: bytes, lp_sse: bytes
 ) -> None:
@@ -148,12 +172,13 @@ async def serve(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     )
 
-    def json_response(body: bytes) -> bytes:
+    def json_response(body: bytes) -> Canned:
         head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-        return head + str(len(body)).encode() + b"\r\n\r\n" + body
+        return Canned(head + str(len(body)).encode() + b"\r\n\r\n" + body)
 
-    def sse_response(body: bytes) -> bytes:
-        return sse_head + hex(len(body))[2:].encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
+    def sse_response(body: bytes) -> Canned:
+        chunk = hex(len(body))[2:].encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
+        return Canned(sse_head + chunk)
 
     models = b'{"object":"list","data":[{"id":"bench","object":"model"}]}'
     models_resp = (
@@ -163,7 +188,10 @@ async def serve(
         + models
     )
 
-    plain_body = without_ids(json_body)  # built once: the server's own time stays ~0
+    # built once: the server's own time stays ~0 (a join per answer for the fresh id)
+    streams = {False: sse_response(sse_body), True: sse_response(lp_sse)}
+    bodies = {False: json_response(json_body), True: json_response(lp_json)}
+    plain = json_response(without_ids(json_body))
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -180,11 +208,12 @@ async def serve(
                     compact = body.replace(b" ", b"")
                     wants_lp = b'"logprobs":true' in compact
                     if b'"stream":true' in compact:
-                        writer.write(sse_response(lp_sse if wants_lp else sse_body))
+                        canned = streams[wants_lp]
                     elif b'"return_token_ids":true' in compact:
-                        writer.write(json_response(lp_json if wants_lp else json_body))
+                        canned = bodies[wants_lp]
                     else:  # as vLLM: no ids unless asked (the keys stay, null)
-                        writer.write(json_response(plain_body))
+                        canned = plain
+                    writer.write(canned.render())
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass

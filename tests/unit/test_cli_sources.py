@@ -85,12 +85,48 @@ def test_valid_json_that_is_not_a_sample_names_the_line(tmp_path: Path) -> None:
         list(open_samples(path))
 
 
-def test_missing_file_and_folder(tmp_path: Path) -> None:
-    """A missing path and a folder are both refused with what is wrong."""
+def test_missing_file_and_empty_folder(tmp_path: Path) -> None:
+    """A missing path and a folder with no samples files are both refused with what is wrong."""
     with pytest.raises(CliInputError, match="no such file"):
         open_samples(tmp_path / "nope.jsonl")
-    with pytest.raises(CliInputError, match="is a folder"):
+    (tmp_path / "notes.txt").write_text("not samples")
+    with pytest.raises(CliInputError, match="no samples files"):
         open_samples(tmp_path)
+
+
+def test_folder_of_parts_is_one_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder of JSONL and Parquet parts reads as one source, parts in name order; hidden
+    in-progress parts and spill sub-folders are left out; the CLI takes the folder."""
+    from tito_agents.sinks.files import RotatingFileSink
+
+    samples = merged_episode()
+    with RotatingFileSink(tmp_path / "samples.parquet", max_file_samples=1) as sink:
+        sink.write(samples[:1])
+        sink.write(samples[1:2])
+    write_samples(tmp_path / "zz-extra.jsonl", samples[2:])
+    (tmp_path / ".samples-x.parquet.inprogress.arrows").write_bytes(b"\xff\xff\xff\xff torn")
+    (tmp_path / "spill").mkdir()
+    (tmp_path / "spill" / "seg.jsonl").write_bytes(b"{not a sample")
+    opened = open_samples(tmp_path)
+    assert opened.format == "jsonl+parquet" and len(opened.parts) == 3
+    assert [s.sample_id for s in opened] == [s.sample_id for s in samples]
+    assert opened.estimated_samples is not None
+    code, out, _ = run_cli(["stats", tmp_path, "--json"], capsys)
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["samples"] == len(samples) and len(summary["parts"]) == 3
+    code, out, _ = run_cli(["show", tmp_path, "--index", str(len(samples) - 1)], capsys)
+    assert code == 0 and samples[-1].sample_id[:8] in out
+
+
+def test_a_bad_part_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A corrupt part in a folder fails with the part's own name, not the folder's."""
+    samples = merged_episode()
+    write_samples(tmp_path / "a.jsonl", samples)
+    bad = tmp_path / "b.jsonl"
+    bad.write_bytes(b'{"broken": \n' + encode_sample(samples[0]))
+    code, _, err = run_cli(["stats", tmp_path], capsys)
+    assert code == 2 and "b.jsonl" in err
 
 
 def test_wrong_extension_magic_is_reported(tmp_path: Path) -> None:

@@ -82,7 +82,9 @@ def add_parser(subparsers: Any) -> None:
         help="one sample token by token: context, trained and tool tokens, spans, rewrite points",
         description="Show one sample in the terminal, or write it as a self-contained HTML page.",
     )
-    parser.add_argument("samples_file", help="a samples file written by any sink")
+    parser.add_argument(
+        "samples_file", help="a samples file written by any sink, or a folder of them"
+    )
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--sample", metavar="ID", help="sample id (or a unique prefix of it)")
     which.add_argument("--index", type=int, default=0, metavar="N", help="the N-th sample (0)")

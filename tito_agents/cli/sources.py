@@ -28,6 +28,7 @@ from tito_agents.cli._errors import CliInputError
 from tito_agents.errors import SampleFormatError, TitoError
 from tito_agents.samples import Sample
 from tito_agents.sinks import read_samples
+from tito_agents.sinks.jsonl import last_line
 
 __all__ = [
     "READER_CANDIDATES",
@@ -67,7 +68,6 @@ _ARROW_STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2"}
 _ESTIMATE_PROBES = 4
 _PROBE_BYTES = 1 << 18
-_TAIL_CHUNK = 1 << 16
 
 _registered: dict[str, SampleReader] = {}
 
@@ -82,7 +82,8 @@ class SampleFile:
     """An opened samples file: iterate it to stream its samples (each iteration reads it anew).
 
     `estimated_samples` is a guess for JSON Lines (from the mean line length of a few probes) and
-    exact for formats whose footer counts rows; None when unknown.
+    exact for formats whose footer counts rows; None when unknown. A folder of parts is one source:
+    `parts` lists its files in read order (empty for a single file), `format` their formats.
     """
 
     path: Path
@@ -91,10 +92,13 @@ class SampleFile:
     estimated_samples: int | None
     count_is_exact: bool
     reader: SampleReader
+    parts: tuple[Path, ...] = ()
 
     def __iter__(self) -> Iterator[Sample]:
         try:
             yield from self.reader(self.path)
+        except CliInputError:
+            raise  # a part's own error, already naming the part
         except SampleFormatError as exc:
             raise CliInputError(None, _one_line(str(exc))) from exc
         except Exception as exc:  # OSError, and a columnar library's own (pyarrow.ArrowInvalid)
@@ -112,7 +116,7 @@ def open_samples(path: str | os.PathLike[str], *, allow_truncated: bool = False)
     if not path.exists():
         raise CliInputError(path, "no such file")
     if path.is_dir():
-        raise CliInputError(path, "is a folder, not a samples file")
+        return _open_folder(path, allow_truncated)
     try:
         size = path.stat().st_size
         with open(path, "rb") as handle:
@@ -128,6 +132,40 @@ def open_samples(path: str | os.PathLike[str], *, allow_truncated: bool = False)
     reader = _columnar_reader(path, file_format)
     rows = _parquet_rows(path) if file_format == PARQUET else None
     return SampleFile(path, file_format, size, rows, rows is not None, reader)
+
+
+def _open_folder(folder: Path, allow_truncated: bool) -> SampleFile:
+    """A folder of parts (a rotating file sink's output, or several runs' files) as one source:
+    every visible file with a samples extension, in name order (a rotating sink's part names sort
+    in write order). Hidden files (in-progress parts) and sub-folders (spill logs) are left out."""
+    try:
+        files = sorted(
+            p
+            for p in folder.iterdir()
+            if not p.name.startswith(".") and p.suffix.lower() in _EXTENSIONS and p.is_file()
+        )
+    except OSError as exc:
+        raise CliInputError(folder, f"cannot list: {exc.strerror or exc}") from exc
+    if not files:
+        known = ", ".join(sorted(set(_EXTENSIONS)))
+        raise CliInputError(folder, f"is a folder with no samples files in it ({known})")
+    opened = [open_samples(p, allow_truncated=allow_truncated) for p in files]
+    estimates = [f.estimated_samples for f in opened]
+    total = None if any(e is None for e in estimates) else sum(e or 0 for e in estimates)
+
+    def read_parts(_: Path) -> Iterator[Sample]:
+        for part in opened:
+            yield from part
+
+    return SampleFile(
+        folder,
+        "+".join(sorted({f.format for f in opened})),
+        sum(f.size_bytes for f in opened),
+        total,
+        all(f.count_is_exact for f in opened),
+        read_parts,
+        tuple(files),
+    )
 
 
 def detect_format(path: Path, head: bytes) -> str:
@@ -157,35 +195,18 @@ def _check_jsonl_tail(path: Path, handle: Any, size: int, allow_truncated: bool)
     handle.seek(size - 1)
     if handle.read(1) == b"\n":
         return
-    last_line = _last_line(handle, size)
+    tail = last_line(handle, size)
     try:
-        orjson.loads(last_line)
+        orjson.loads(tail)
         return  # a complete last sample without its newline
     except orjson.JSONDecodeError:
         pass
     if not allow_truncated:
         raise CliInputError(
             path,
-            f"truncated: the last line is cut mid-sample ({len(last_line):,} bytes, no newline; "
+            f"truncated: the last line is cut mid-sample ({len(tail):,} bytes, no newline; "
             "a crash mid-write?); pass --allow-truncated to skip it",
         )
-
-
-def _last_line(handle: Any, size: int) -> bytes:
-    """The bytes after the file's last newline, read backwards in chunks."""
-    end = size
-    pieces: list[bytes] = []
-    while end > 0:
-        start = max(0, end - _TAIL_CHUNK)
-        handle.seek(start)
-        chunk = handle.read(end - start)
-        cut = chunk.rfind(b"\n")
-        if cut >= 0:
-            pieces.append(chunk[cut + 1 :])
-            break
-        pieces.append(chunk)
-        end = start
-    return b"".join(reversed(pieces))
 
 
 def _estimate_lines(handle: Any, size: int) -> int | None:

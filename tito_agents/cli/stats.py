@@ -124,7 +124,8 @@ def add_parser(subparsers: Any) -> None:
         description="Summarise a samples file in one streamed pass.",
     )
     parser.add_argument(
-        "samples_file", help="a samples file written by any sink (JSONL, Parquet, ...)"
+        "samples_file",
+        help="a samples file written by any sink (JSONL, Parquet, ...), or a folder of them",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--progress", action="store_true", help="draw progress even when not a TTY")
@@ -140,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     summary = stats.to_dict()
     if args.json:
         summary = {"file": str(samples.path), "format": samples.format, **summary}
+        if samples.parts:
+            summary["parts"] = [str(p) for p in samples.parts]
         sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         sys.stdout.write(format_stats(summary, samples) + "\n")
@@ -178,7 +181,10 @@ def format_stats(summary: dict[str, Any], samples: SampleFile) -> str:
         ("divergences", s["divergences"], ""),
     ]
     size = human_bytes(samples.size_bytes)
-    lines = [f"{samples.path} ({samples.format}, {size})", ""]
+    what = (
+        f"{len(samples.parts)} {samples.format} files, " if samples.parts else f"{samples.format}, "
+    )
+    lines = [f"{samples.path} ({what}{size})", ""]
     lines.append(table(("", "value", "detail"), rows))
     if s["divergences_by_kind"]:
         lines += ["", "divergences by kind"]

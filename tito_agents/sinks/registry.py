@@ -17,6 +17,7 @@ and in-process sinks are not, unless `buffered=True`. Keyword options override t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -139,7 +140,9 @@ def default_spill_dir(destination: str) -> Path:
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
         root = os.path.join(cache, "tito-agents", "spill")
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", destination).strip("_") or "sink"
-    return Path(root) / safe[:120]
+    if len(safe) > 120:  # a long destination keeps a folder of its own
+        safe = f"{safe[:100]}-{hashlib.sha256(destination.encode()).hexdigest()[:12]}"
+    return Path(root) / safe
 
 
 def _take(
@@ -214,12 +217,13 @@ def _build(spec: str, options: dict[str, Any]) -> tuple[Sink, bool, str, dict[st
     _refuse_leftovers(options, "file")
     from tito_agents.sinks.files import format_for
 
+    key = f"file-{os.path.abspath(path)}"  # the spill folder of one file, wherever it is opened
     plain_jsonl = format_for(path) == "jsonl" and not any(k in kwargs for k in _ROTATION)
     if plain_jsonl and set(kwargs) <= {"fsync"}:
-        return JsonlSink(path, **kwargs), False, f"file-{path}", buffer_options
+        return JsonlSink(path, **kwargs), False, key, buffer_options
     from tito_agents.sinks.files import RotatingFileSink
 
-    return RotatingFileSink(path, **kwargs), False, f"file-{path}", buffer_options
+    return RotatingFileSink(path, **kwargs), False, key, buffer_options
 
 
 def _pop_passthrough(options: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tito_agents._capture import ErrorPolicy, OutsideEpisode
 from tito_agents.calls import Call, CallStatus, Endpoint
-from tito_agents.collector import CaptureStats, Collector
+from tito_agents.collector import CaptureStats, Collector, SinkErrors
 from tito_agents.divergence import DivergenceKind
 from tito_agents.episodes import (
     Attribution,
@@ -83,6 +83,7 @@ __all__ = [
     "SampleFormatError",
     "Sink",
     "SinkError",
+    "SinkErrors",
     "TitoError",
     "TokenCountMismatchError",
     "__version__",

@@ -4,6 +4,7 @@ samples when episodes end and hands them to the sink.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from collections.abc import Iterable, Mapping
@@ -16,10 +17,10 @@ from tito_agents import _transport
 from tito_agents._capture import CaptureCore, ErrorPolicy, OutsideEpisode
 from tito_agents.calls import Call, CallStatus
 from tito_agents.episodes import Episode
-from tito_agents.errors import ConfigurationError, EpisodeCaptureError
+from tito_agents.errors import ConfigurationError, EpisodeCaptureError, SinkError
 from tito_agents.merge import AssemblyMode, assemble
 from tito_agents.samples import Sample
-from tito_agents.sinks import Sink
+from tito_agents.sinks import BufferedSink, ExportStats, MemorySink, Sink
 
 logger = logging.getLogger("tito_agents")
 
@@ -27,6 +28,17 @@ ClientT = TypeVar("ClientT")
 
 DEFAULT_EPISODE_ID = "default"
 _OPENAI_HOSTS = frozenset({"api.openai.com"})
+
+
+class SinkErrors(enum.Enum):
+    """What a sink failure does when the collector hands samples over."""
+
+    LOG = "log"
+    """Default: logged once and counted (`CaptureStats.sink_failures`, `lost_samples`); the
+    episode's exit and the agent's calls go on."""
+    RAISE = "raise"
+    """Strict: the episode's exit raises the `SinkError` (after capture errors are settled).
+    Calls outside any episode still never raise: their samples are queued, not written there."""
 
 
 @dataclass(slots=True)
@@ -50,6 +62,13 @@ class CaptureStats:
     samples: int = 0
     tokens: int = 0
     trained_tokens: int = 0
+    sink_failures: int = 0
+    """Hand-offs of samples to the sink that failed (each logged once)."""
+    lost_samples: int = 0
+    """Samples of those failed hand-offs: assembled but not accepted by the sink."""
+    delivery: ExportStats | None = None
+    """What the buffer in front of the sink did after accepting samples (retries, spills,
+    refusals; `tito_agents.sinks.ExportStats`); None while no buffer is in use."""
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -60,7 +79,12 @@ class Collector:
 
     sink: a `Sink`, or a path / URL for `open_sink` (`samples.jsonl`, `out/samples.parquet`,
         `redis://host/0?stream=samples`, `ray://queue`, ...); None keeps samples in memory
-        (`collector.sink.samples`).
+        (`collector.sink.samples`). A path or URL is always opened behind a `BufferedSink`
+        (bounded buffer, retry, spill to ``$TITO_SPILL_DIR`` or ``~/.cache/tito-agents/spill``),
+        so a slow or failing disk or server never stalls or breaks the agent. A `Sink` object is
+        used as given; samples of calls outside any episode are still never written from inside
+        the agent's call: they go through a buffer of the collector's own.
+    sink_errors: what a sink failure does (`SinkErrors`; "log" by default, "raise" is strict).
     capture_logprobs: also ask vLLM for the logprob of each sampled token (unless the caller set
         `logprobs` itself); off by default, since it costs the server and the wire.
     errors: what a capture problem does (`ErrorPolicy`; "episode" by default).
@@ -83,6 +107,7 @@ class Collector:
         *,
         capture_logprobs: bool = False,
         errors: ErrorPolicy | str = ErrorPolicy.EPISODE,
+        sink_errors: SinkErrors | str = SinkErrors.LOG,
         outside_episode: OutsideEpisode | str = OutsideEpisode.DEFAULT,
         keep_messages: bool = True,
         policy_version: str | None = None,
@@ -92,16 +117,17 @@ class Collector:
         tokenizer: Any = None,
     ) -> None:
         if sink is None:
-            from tito_agents.sinks import MemorySink
-
             sink = MemorySink()
         elif not isinstance(sink, Sink):
             from tito_agents.sinks.registry import open_sink
 
-            sink = open_sink(sink)
+            sink = open_sink(sink, buffered=True)
         self.sink: Sink = sink
+        self._queue: BufferedSink | None = sink if isinstance(sink, BufferedSink) else None
+        """Where samples of calls outside any episode go (never written inside the call)."""
         self.capture_logprobs = capture_logprobs
         self.error_policy = ErrorPolicy(errors)
+        self.sink_errors = SinkErrors(sink_errors)
         self.outside_episode = OutsideEpisode(outside_episode)
         self.keep_messages = keep_messages
         self.policy_version = policy_version
@@ -116,7 +142,7 @@ class Collector:
         self.assembly: AssemblyMode = assembly
         self.turn_discount = turn_discount
         self.tokenizer = tokenizer
-        self.stats = CaptureStats()
+        self.stats = CaptureStats(delivery=self._queue.stats if self._queue else None)
         self._lock = threading.Lock()
         self._closed = False
         self.default_episode = Episode(self, DEFAULT_EPISODE_ID)
@@ -260,24 +286,70 @@ class Collector:
             self.stats.tokens += tokens
             self.stats.trained_tokens += trained
 
-    def _raise_errors(self, episode: Episode, failed: bool) -> None:
-        if failed or not episode.errors or self.error_policy is not ErrorPolicy.EPISODE:
+    def _raise_errors(self, episode: Episode, failed: bool, sink_error: SinkError | None) -> None:
+        if failed:
             return
-        raise EpisodeCaptureError(episode.episode_id, list(episode.errors))
+        if episode.errors and self.error_policy is ErrorPolicy.EPISODE:
+            raise EpisodeCaptureError(episode.episode_id, list(episode.errors))
+        if sink_error is not None and self.sink_errors is SinkErrors.RAISE:
+            raise sink_error
 
     def finish_episode(self, episode: Episode, *, failed: bool) -> None:
-        """Called by `Episode.__exit__`: write the samples, then raise capture errors if any."""
+        """Called by `Episode.__exit__`: hand the samples to the sink, then raise capture errors
+        if any (and, with `sink_errors="raise"`, a sink failure)."""
         samples = self._end(episode, failed)
+        sink_error: SinkError | None = None
         if samples:
-            self.sink.write(samples)
-        self._raise_errors(episode, failed)
+            try:
+                self.sink.write(samples)
+            except Exception as exc:
+                sink_error = self._sink_failed(samples, exc)
+        self._raise_errors(episode, failed, sink_error)
 
     async def afinish_episode(self, episode: Episode, *, failed: bool) -> None:
         """Async twin of `finish_episode`."""
         samples = self._end(episode, failed)
+        sink_error: SinkError | None = None
         if samples:
-            await self.sink.awrite(samples)
-        self._raise_errors(episode, failed)
+            try:
+                await self.sink.awrite(samples)
+            except Exception as exc:
+                sink_error = self._sink_failed(samples, exc)
+        self._raise_errors(episode, failed, sink_error)
+
+    def _sink_failed(self, samples: list[Sample], exc: Exception) -> SinkError:
+        """Count and log a failed hand-off once; the error to raise in strict mode."""
+        with self._lock:
+            self.stats.sink_failures += 1
+            self.stats.lost_samples += len(samples)
+        logger.error(
+            "%r refused %d samples (%s: %s); counted in collector.stats.lost_samples",
+            self.sink,
+            len(samples),
+            type(exc).__name__,
+            exc,
+        )
+        if isinstance(exc, SinkError):
+            return exc
+        error = SinkError(f"{self.sink!r}: {type(exc).__name__}: {exc}", retryable=False)
+        error.__cause__ = exc
+        return error
+
+    def _queue_outside_episode(self, samples: list[Sample]) -> None:
+        """Samples of calls outside any episode, from inside the agent's call: queued, never
+        written here, and no failure gets out (the agent's call must return its response)."""
+        try:
+            if isinstance(self.sink, MemorySink):  # a list append: nothing to queue
+                self.sink.write(samples)
+                return
+            if self._queue is None:
+                with self._lock:
+                    if self._queue is None:
+                        self._queue = BufferedSink(self.sink, name=repr(self.sink), linger=0.0)
+                        self.stats.delivery = self._queue.stats
+            self._queue.write_nowait(samples)
+        except Exception as exc:
+            self._sink_failed(samples, exc)
 
     # ---- called by the capture core ----
 
@@ -297,10 +369,14 @@ class Collector:
                 else:
                     stats.incomplete_calls += 1
         if episode is self.default_episode and added:
-            samples = self.assemble(episode, calls)
+            try:
+                samples = self.assemble(episode, calls)
+            except Exception:  # a defect, not a reason to fail the agent's call
+                logger.exception("assembling calls outside any episode failed")
+                samples = []
             if samples:
                 self._count_samples(episode, samples)
-                self.sink.write(samples)
+                self._queue_outside_episode(samples)
             with episode._lock:  # the default episode keeps no history: memory stays bounded
                 episode.calls.clear()
                 episode.errors.clear()
@@ -309,19 +385,29 @@ class Collector:
     # ---- lifetime ----
 
     def flush(self) -> None:
+        """Return once every sample handed over so far is in the sink (delivered, for a buffered
+        one) and the sink is flushed."""
+        if self._queue is not None and self._queue is not self.sink:
+            self._queue.flush()
         self.sink.flush()
 
     def close(self) -> None:
-        """Flush and close the sink. Idempotent."""
+        """Deliver what is queued, then close the sink. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self._queue is not None and self._queue is not self.sink:
+            self._queue.close()  # delivers what is queued, then closes the sink it wraps
+            return
         self.sink.close()
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._queue is not None and self._queue is not self.sink:
+            await self._queue.aclose()
+            return
         await self.sink.aclose()
 
     def __enter__(self) -> Collector:

@@ -1,0 +1,202 @@
+"""A failing sink never breaks the agent: calls outside an episode queue their samples (never
+written inside the call), an episode's exit logs and counts a sink failure, and raises it only
+in the strict mode; the default `Collector(path)` rides out a full disk."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+import tito_agents as tito
+from tests.captures import REPO_ROOT, Replay, load_capture, replay_clients
+from tests.unit.test_capture_replay import run_async, run_sync
+from tito_agents.errors import SinkError
+from tito_agents.samples import Sample
+from tito_agents.sinks import BufferedSink, CallbackSink, Sink
+
+
+class BrokenSink(Sink):
+    """Refuses every write with `error`, and records on which threads it was called."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.threads: list[str] = []
+
+    def write(self, samples: Sequence[Sample]) -> None:
+        self.threads.append(threading.current_thread().name)
+        raise self.error
+
+
+def _content(cap_name: str) -> str:
+    content = load_capture(cap_name).json()["choices"][0]["message"]["content"]
+    assert isinstance(content, str)
+    return content
+
+
+@pytest.mark.parametrize(
+    "error", [SinkError("disk full", retryable=False), RuntimeError("callback bug")]
+)
+def test_outside_an_episode_the_call_returns_and_the_sink_is_not_called_in_it(
+    error: Exception,
+) -> None:
+    """The agent's call outside any episode returns its response although the sink raises; the
+    sink is called from the export thread, not from the request; the failure is counted."""
+    cap = load_capture("chat_ns")
+    client, _ = replay_clients(Replay([cap]))
+    sink = BrokenSink(error)
+    collector = tito.Collector(sink)
+    collector.wrap(client)
+    response = run_sync(client, cap)
+    assert response.choices[0].message.content == _content("chat_ns")
+    collector.close()
+    assert sink.threads and threading.current_thread().name not in sink.threads
+    assert collector.stats.delivery is not None and collector.stats.delivery.rejected == 1
+    assert collector.stats.complete_calls == 1
+
+
+async def test_outside_an_episode_async_calls_return_too() -> None:
+    """Async client, same promise: the coroutine returns the response, nothing raises."""
+    cap = load_capture("chat_ns")
+    _, client = replay_clients(Replay([cap]))
+    collector = tito.Collector(BrokenSink(SinkError("down", retryable=False)))
+    collector.wrap(client)
+    response = await run_async(client, cap)
+    assert response.choices[0].message.content == _content("chat_ns")
+    await collector.aclose()
+    assert collector.stats.delivery is not None and collector.stats.delivery.rejected == 1
+
+
+def test_a_full_queue_loses_counted_samples_never_the_call() -> None:
+    """When the buffer is full and cannot spill, the call still returns: the samples are counted
+    as lost and logged, not raised into the agent."""
+    cap = load_capture("chat_ns")
+    client, _ = replay_clients(Replay([cap]))
+    release = threading.Event()
+    sink = BufferedSink(CallbackSink(lambda s: release.wait()), max_buffer_samples=1, linger=0)
+    collector = tito.Collector(sink)
+    collector.wrap(client)
+    for _ in range(4):
+        assert run_sync(client, cap).choices[0].message.content == _content("chat_ns")
+    assert collector.stats.lost_samples >= 1 and collector.stats.sink_failures >= 1
+    release.set()
+    collector.close()
+
+
+def test_episode_exit_logs_and_counts_a_sink_failure(caplog: pytest.LogCaptureFixture) -> None:
+    """Default: the episode's exit does not raise; the failure is logged once and counted."""
+    cap = load_capture("chat_ns")
+    client, _ = replay_clients(Replay([cap]))
+    collector = tito.Collector(BrokenSink(SinkError("disk full", retryable=True)))
+    collector.wrap(client)
+    with caplog.at_level(logging.ERROR, logger="tito_agents"), collector.episode("e1"):
+        run_sync(client, cap)
+    errors = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(errors) == 1 and "disk full" in errors[0].getMessage()
+    assert collector.stats.sink_failures == 1 and collector.stats.lost_samples == 1
+
+
+async def test_async_episode_exit_logs_and_counts_a_sink_failure() -> None:
+    cap = load_capture("chat_ns")
+    _, client = replay_clients(Replay([cap]))
+    collector = tito.Collector(BrokenSink(RuntimeError("callback bug")))
+    collector.wrap(client)
+    async with collector.episode("e1"):
+        await run_async(client, cap)
+    assert collector.stats.sink_failures == 1 and collector.stats.lost_samples == 1
+
+
+def test_strict_mode_raises_the_sink_error_at_episode_exit() -> None:
+    """`sink_errors="raise"`: the episode's exit raises the `SinkError` (a non-SinkError from a
+    callback is wrapped in one); the agent's calls inside still returned their responses."""
+    cap = load_capture("chat_ns")
+    client, _ = replay_clients(Replay([cap]))
+    collector = tito.Collector(BrokenSink(RuntimeError("bug")), sink_errors="raise")
+    collector.wrap(client)
+    with pytest.raises(SinkError, match="bug"), collector.episode("e1"):
+        response = run_sync(client, cap)
+        assert response.choices[0].message.content == _content("chat_ns")
+    assert collector.stats.lost_samples == 1
+
+
+def test_a_path_sink_is_buffered_and_spills_under_the_spill_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Collector(path)` writes through a `BufferedSink` whose spill folder is named after the
+    file; the samples are in the file once the collector is flushed."""
+    monkeypatch.setenv("TITO_SPILL_DIR", str(tmp_path / "spill"))
+    cap = load_capture("chat_ns")
+    client, _ = replay_clients(Replay([cap]))
+    collector = tito.Collector(tmp_path / "samples.jsonl")
+    assert isinstance(collector.sink, BufferedSink)
+    assert collector.sink.spill_dir is not None
+    assert collector.sink.spill_dir.parent == tmp_path / "spill"
+    collector.wrap(client)
+    with collector.episode("e1"):
+        run_sync(client, cap)
+    run_sync(client, cap)  # outside any episode
+    collector.flush()
+    assert len(list(tito.read_samples(tmp_path / "samples.jsonl"))) == 2
+    collector.close()
+
+
+_FULL_DISK_AGENT = textwrap.dedent(
+    """
+    import asyncio, json, resource, sys
+    import tito_agents as tito
+    from tests.captures import Replay, load_capture, replay_clients
+    from tests.unit.test_capture_replay import run_async, run_sync
+
+    path, spill = sys.argv[1], sys.argv[2]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # the disk fills up at 20 kB
+    cap = load_capture("chat_ns")
+    expected = cap.json()["choices"][0]["message"]["content"]
+    client, aclient = replay_clients(Replay([cap]))
+    sink = tito.sinks.open_sink(path, buffered=True, spill_dir=spill, block_timeout=0.5)
+    collector = tito.Collector(sink)
+    collector.wrap(client)
+    collector.wrap(aclient)
+    answers = 0
+    for e in range(15):
+        with collector.episode(f"e{e}"):
+            answers += run_sync(client, cap).choices[0].message.content == expected
+        answers += run_sync(client, cap).choices[0].message.content == expected
+
+    async def agents():
+        async with collector.episode("async"):
+            return (await run_async(aclient, cap)).choices[0].message.content == expected
+
+    answers += asyncio.run(agents())
+    collector.sink.close(timeout=1.0)
+    print(json.dumps({"answers": answers, "stats": collector.stats.as_dict()}))
+    """
+)
+
+
+def test_a_full_disk_never_breaks_the_agent_and_leaves_a_readable_file(tmp_path: Path) -> None:
+    """A real file-size limit (EFBIG, as a full disk) under the default buffered JSON Lines sink:
+    every agent call returns its answer, every episode exits, the file reads whole, and what did
+    not fit is kept in the spill folder (counted), not lost."""
+    path = tmp_path / "samples.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_AGENT, str(path), str(tmp_path / "spill")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["answers"] == 31
+    written = list(tito.read_samples(path))
+    assert 0 < len(written) < 31  # the limit was hit part-way
+    delivery = result["stats"]["delivery"]
+    assert delivery["failed_attempts"] >= 1
+    assert len(written) + delivery["spill_pending"] + result["stats"]["lost_samples"] == 31

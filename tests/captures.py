@@ -1,4 +1,4 @@
-"""Replay of real vLLM 0.32 captures (../shared/reference/captures) through an in-process transport."""
+"""Replay of real vLLM 0.32 captures (tests/data/captures) through an in-process transport."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import httpx2
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CAPTURES = REPO_ROOT.parent / "shared" / "reference" / "captures"
+CAPTURES = REPO_ROOT / "tests" / "data" / "captures"
 BASE_URL = "http://vllm.test:8000/v1"
 
 

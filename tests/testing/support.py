@@ -11,7 +11,7 @@ from typing import Any
 from tito_agents.testing import FakeVLLM
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CAPTURES_DIR = REPO_ROOT.parent / "shared" / "reference" / "captures"
+CAPTURES_DIR = REPO_ROOT / "tests" / "data" / "captures"
 DONE = "[DONE]"
 
 MESSAGES: Any = [

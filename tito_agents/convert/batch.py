@@ -6,8 +6,8 @@ preallocated `[B, W]` array filled by one slice assignment per sample, so collat
 per sample and field, not Python work per token. Arrays stay unshifted (position t holds token t,
 its loss bit and its rollout logprob); `.shifted()` gives the next-token layout a loss needs.
 
-Padding conventions (`reference/trainer-formats.md` §3): pads carry id `pad_id`, attention 0, loss 0
-and logprob 0.0; `position_ids = max(cumsum(attention_mask) - 1, 0)` (verl's rule), so real tokens
+Padding conventions (verl's and TRL's, see docs/converters.md): pads carry id `pad_id`, attention 0,
+loss 0 and logprob 0.0; `position_ids = max(cumsum(attention_mask) - 1, 0)` (verl's rule), so real tokens
 count from 0, left pads get 0 and right pads repeat the last position.
 """
 

@@ -1,7 +1,7 @@
 """verl hand-off: the agent-loop batch (`DataProto` fields) and `AgentLoopOutput`-shaped records.
 
 Field contract (verl 0.9 `verl/experimental/agent_loop/agent_loop.py`, `AgentLoopWorker.
-_agent_loop_postprocess` and `_postprocess`; `reference/trainer-formats.md` §2.1):
+_agent_loop_postprocess` and `_postprocess`):
 
 * `prompts` `[B, P]` left-padded, `responses` `[B, R]` right-padded, `input_ids` = their
   concatenation, `attention_mask` likewise, `position_ids = clip(cumsum(attention_mask) - 1, 0)`.

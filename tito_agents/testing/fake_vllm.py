@@ -11,7 +11,7 @@ any I/O, so it can be unit-tested directly. `FakeVLLMServer` serves it over real
         srv.stats["/v1/chat/completions"]        # requests received per path
 
 Generation is deterministic and scriptable (`FakeConfig.responder`); responses follow vLLM 0.32's
-wire format byte for byte (key order, nulls, SSE framing), see `reference/vllm-wire-format.md`.
+wire format byte for byte (key order, nulls, SSE framing), see docs/vllm-wire-format.md.
 Fault switches (`Faults`) reproduce old servers and broken networks; each is off by default and can
 also be set for one request with the header `x-fake-fault: name[=value][, ...]`.
 

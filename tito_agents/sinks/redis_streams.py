@@ -13,7 +13,9 @@ Memory: Redis keeps the stream in RAM. By default the reader deletes entries onc
 applies backpressure when it holds `max_backlog` entries (write waits, then raises a retryable
 error, which a `BufferedSink` turns into buffering and spilling). `maxlen` trimming (XADD MAXLEN ~)
 is available but deletes the oldest entries whether read or not: use it only if losing unread
-samples is acceptable, or with several consumer groups (then set `delete_acked=False`).
+samples is acceptable, or with several consumer groups (then set `delete_acked=False`). The other
+thing the reader keeps in Redis is the ids of acknowledged samples, for `dedupe_ttl`: about 9 bytes
+per id, rate × ttl × 9 B (see `RedisSeenSet`).
 
 Durability: a sample is safe in Redis once `write` returns, as far as Redis itself is durable: run
 it with ``appendonly yes`` (``appendfsync always`` loses nothing on a Redis crash, ``everysec`` up

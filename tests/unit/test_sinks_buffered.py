@@ -441,3 +441,95 @@ def test_write_nowait_spills_instead_of_refusing(flaky: FlakySink, tmp_path: Pat
     flaky.down = False
     sink.close(timeout=10)
     assert flaky.received == ids(make(12))
+
+
+def test_an_outage_moves_memory_to_disk_within_spill_after(
+    flaky: FlakySink, tmp_path: Path
+) -> None:
+    """Far below the memory bound, spill_after seconds after the first failed delivery the
+    samples waiting in memory and the batch being retried are on disk (the worker wakes for it,
+    not at its next retry), and later samples go straight there, awrite included; after the
+    outage everything arrives once, in acceptance order."""
+    flaky.down = True
+    sink = BufferedSink(
+        flaky,
+        spill_dir=tmp_path,
+        spill_after=0.2,
+        batch_size=4,
+        linger=0,
+        retry=RetryPolicy(initial=2.0, maximum=2.0, jitter=0),  # the next retry is far off
+    )
+    for i in range(0, 20, 5):
+        sink.write(make(5, start=i))
+    deadline = time.monotonic() + 5
+    while sink.stats.failed_attempts == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sink.stats.failed_attempts == 1 and sink.stats.spilled == 0
+    time.sleep(0.5)
+    assert sink.stats.failed_attempts == 1  # no retry yet: the window, not the backoff, spilled
+    assert (sink.stats.spilled, sink.stats.spill_pending, sink.stats.buffered) == (20, 20, 0)
+    sink.write(make(3, start=20))
+    asyncio.run(sink.awrite(make(2, start=23)))
+    assert (sink.stats.spilled, sink.stats.buffered) == (25, 0)
+    flaky.down = False
+    sink.flush(timeout=10)
+    assert flaky.received == ids(make(25))
+    assert sink.stats.replayed == 25 and sink.stats.spill_pending == 0
+    sink.write(make(2, start=25))  # healthy again: memory, not disk
+    sink.close()
+    assert flaky.received == ids(make(27)) and sink.stats.spilled == 25
+
+
+_KILLED_MID_OUTAGE = textwrap.dedent(
+    """
+    import os, sys, time
+    from tito_agents.errors import SinkError
+    from tito_agents.sinks.base import Sink
+    from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
+    from tito_agents.sinks.testing import synthetic_sample
+
+    class Down(Sink):
+        def write(self, samples):
+            raise SinkError("down", retryable=True)
+
+    sink = BufferedSink(Down(), spill_dir=sys.argv[1], max_buffer_samples=int(sys.argv[2]),
+                        batch_size=4, spill_after=0.2, retry=RetryPolicy(initial=0.01, maximum=0.05))
+    for i in range(30):
+        sink.write([synthetic_sample(i, 16)])
+    time.sleep(0.6)  # past the window
+    for i in range(30, 40):
+        sink.write([synthetic_sample(i, 16)])
+    print(sink.stats.spilled, flush=True)
+    os._exit(9)  # SIGKILL-like: no close, no atexit
+    """
+)
+
+
+@pytest.mark.parametrize("bound", [4096, 6])
+def test_a_producer_killed_mid_outage_loses_nothing_past_the_window(
+    tmp_path: Path, flaky: FlakySink, bound: int
+) -> None:
+    """A producer killed during an outage, past spill_after, had every accepted sample on disk
+    (far below the memory bound, or after the bound had already spilled the newest ones); the
+    next process delivers them all once, in acceptance order."""
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_MID_OUTAGE, str(tmp_path), str(bound)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 9, done.stderr
+    assert int(done.stdout.strip()) == 40
+    sink = BufferedSink(flaky, spill_dir=tmp_path, retry=FAST)
+    sink.flush(timeout=10)
+    sink.close()
+    assert flaky.received == [f"ep{i // 4}/{i}" for i in range(40)]
+
+
+def test_spill_after_is_an_open_sink_option(tmp_path: Path) -> None:
+    """spill_after can be set in the query string of a sink URL, like the other buffer options."""
+    from tito_agents.sinks.registry import open_sink
+
+    sink = open_sink(f"{tmp_path / 'out.jsonl'}?spill_after=0.25", buffered=True)
+    assert isinstance(sink, BufferedSink) and sink.spill_after == 0.25
+    sink.close()

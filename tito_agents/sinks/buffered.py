@@ -4,18 +4,26 @@
 `write` only enqueues; a worker thread hands batches to `inner`, retrying failures with exponential
 backoff and jitter. Unlike a telemetry exporter it never drops a sample:
 
-* while the destination is down, samples wait in memory up to `max_buffer_samples` /
-  `max_buffer_bytes`;
-* at the bound they spill to a local append-only log (`spill_dir`), or, without one, `write` blocks
-  until there is room (backpressure);
+* while the destination is down, samples wait in memory, but only for `spill_after` seconds
+  (default 1) from the first failed delivery: then what waits in memory (and the batch being
+  retried) moves to a local append-only log (`spill_dir`), and every later sample goes there
+  until the log is delivered, so a producer killed mid-outage loses at most that window, not a
+  buffer's worth;
+* at the memory bound (`max_buffer_samples` / `max_buffer_bytes`) samples spill too, or, without
+  a spill log, `write` blocks until there is room (backpressure);
 * when the destination is back, the worker delivers memory first, then the spill log, in the order
-  the samples were accepted; a crash leaves the spill log on disk and the next `BufferedSink` on
-  the same `spill_dir` delivers it;
+  the samples were accepted (memory spilled late goes to the front of the log:
+  `SpillLog.prepend`); a crash leaves the spill log on disk and the next `BufferedSink` on the
+  same `spill_dir` delivers it;
 * a batch the destination refuses for good (`SinkError(retryable=False)`) goes to
   ``<spill_dir>/rejected/`` (and `rejected_samples`), is counted and logged, never retried forever.
 
 A retried batch may reach the destination twice (it was stored but the reply was lost); readers
 remove duplicates by `sample_id`, so what they see is exactly once.
+
+Each `inner.write` gets everything waiting, up to `batch_size` samples and `batch_bytes`: on a
+producer whose event loop keeps the GIL busy, the worker gets the GIL back only every switch
+interval or so, so it must do as much as it can with each turn (see benchmarks/bench_delivery.py).
 
 Threading: every method may be called from any thread; `inner` is only ever called from the worker
 thread. Blocking: `write` returns at once unless the buffer is full and no spill log is configured
@@ -36,6 +44,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from tito_agents.errors import ConfigurationError, SinkError
 from tito_agents.samples import Sample
@@ -121,10 +130,15 @@ class BufferedSink(Sink):
     inner: the destination sink; called from the worker thread only, and closed by `close`.
     max_buffer_samples / max_buffer_bytes: the memory bound (a batch larger than the bound is still
         accepted when the buffer is empty).
-    batch_size: samples per `inner.write` call. linger: seconds the worker waits for a batch to fill
-        before sending a smaller one.
-    spill_dir: where to spill at the bound and after a failed close; None means backpressure
-        instead (`write` blocks; `block_timeout` seconds, then `SinkError(retryable=True)`).
+    batch_size / batch_bytes: the most samples / array bytes per `inner.write` call (at least one
+        sample); the worker takes everything waiting up to these. linger: seconds the worker waits
+        for a batch to fill before sending a smaller one.
+    spill_dir: where to spill at the bound, when delivery has failed for `spill_after` seconds,
+        and after a failed close; None means backpressure instead (`write` blocks; `block_timeout`
+        seconds, then `SinkError(retryable=True)`).
+    spill_after: seconds from the first failed delivery attempt after which samples stop waiting
+        in memory and go to the spill log (the most a producer killed during an outage can lose;
+        0: at the first failure). Ignored without `spill_dir`.
     close_timeout: default seconds `close` waits for delivery before spilling the rest.
     """
 
@@ -134,22 +148,28 @@ class BufferedSink(Sink):
         *,
         max_buffer_samples: int = 4096,
         max_buffer_bytes: int = 512 * 1024 * 1024,
-        batch_size: int = 64,
+        batch_size: int = 1024,
+        batch_bytes: int = 8 * 1024 * 1024,
         linger: float = 0.01,
         spill_dir: str | os.PathLike[str] | None = None,
+        spill_after: float = 1.0,
         retry: RetryPolicy | None = None,
         block_timeout: float | None = None,
         close_timeout: float = 60.0,
         name: str | None = None,
     ) -> None:
-        if max_buffer_samples < 1 or batch_size < 1:
-            raise ConfigurationError("max_buffer_samples and batch_size must be >= 1")
+        if max_buffer_samples < 1 or batch_size < 1 or batch_bytes < 1:
+            raise ConfigurationError("max_buffer_samples, batch_size and batch_bytes must be >= 1")
+        if not spill_after >= 0:
+            raise ConfigurationError(f"spill_after must be >= 0 seconds, not {spill_after}")
         self.inner = inner
         self.name = name or type(inner).__name__
         self.max_buffer_samples = max_buffer_samples
         self.max_buffer_bytes = max_buffer_bytes
         self.batch_size = batch_size
+        self.batch_bytes = batch_bytes
         self.linger = linger
+        self.spill_after = spill_after
         self.retry = retry or RetryPolicy()
         self.block_timeout = block_timeout
         self.close_timeout = close_timeout
@@ -165,6 +185,9 @@ class BufferedSink(Sink):
         self._memory_bytes = 0
         self._inflight = 0
         self._spilling = False
+        self._failing_since: float | None = None  # first failed attempt since the last success
+        self._failures = 0  # failed attempts since the last success: the backoff goes on
+        self._retry_at = 0.0  # after a batch moved to the spill log, when to retry it
         self._done = 0  # samples delivered or rejected, in acceptance order
         self._flush_target = 0  # `_done` value a pending flush waits for
         self._flushed = 0  # highest target for which inner.flush() succeeded
@@ -200,6 +223,9 @@ class BufferedSink(Sink):
         self._memory_bytes = self._inflight = 0
         self._done = self._flush_target = self._flushed = 0
         self._spilling = False
+        self._failing_since = None
+        self._failures = 0
+        self._retry_at = 0.0
         self._spill = None  # the parent's files stay the parent's
         self._rejected_log = None
         self.rejected_samples = []
@@ -307,14 +333,28 @@ class BufferedSink(Sink):
 
     def _enqueue_memory_if_room(self, batch: list[Sample], nbytes: int) -> bool:
         """Put `batch` in memory if memory is where it belongs now and there is room."""
-        if not self._spilling and self._fits(len(batch), nbytes):
-            self._enqueue_memory(batch, nbytes)
-            return True
-        return False
+        if self._spilling or self._spill_due() or not self._fits(len(batch), nbytes):
+            return False
+        self._enqueue_memory(batch, nbytes)
+        return True
+
+    def _spill_due(self) -> bool:
+        """Delivery has been failing for `spill_after` seconds and there is a spill log: samples
+        must not wait in memory any more."""
+        return (
+            self._failing_since is not None
+            and self.spill_dir is not None
+            and time.monotonic() - self._failing_since >= self.spill_after
+        )
 
     def _enqueue_locked(self, batch: list[Sample], nbytes: int) -> bool:
         """Put `batch` in memory or the spill log; False when it must wait for room."""
         if self._enqueue_memory_if_room(batch, nbytes):
+            return True
+        if self._spill_due() and (self._memory or not self._spilling):
+            self._spill_memory_locked([])  # what waits in memory goes first, keeping the order
+        if not self._spilling and self._fits(len(batch), nbytes):
+            self._enqueue_memory(batch, nbytes)  # the spill log refused: memory, as before
             return True
         spill = self._spill_log()
         if spill is None:
@@ -337,6 +377,39 @@ class BufferedSink(Sink):
         self.stats.accepted += len(batch)
         self.stats.spilled += len(batch)
         self.stats.spill_pending = spill.pending
+        self._cond.notify_all()
+        return True
+
+    def _spill_memory_locked(self, front: list[Sample]) -> bool:
+        """Move `front` (the batch being retried) and everything waiting in memory to the front of
+        the spill log, and send every later sample there: delivery has failed for `spill_after`
+        seconds. False (nothing moved) if the spill log refuses; they stay in memory then."""
+        spill = self._spill_log()
+        if spill is None:
+            return False
+        moved = front + list(self._memory)
+        try:
+            spill.prepend(moved)
+        except SinkError as exc:
+            self.stats.spill_failures += 1
+            self.stats.last_error = str(exc)
+            logger.error("%s: cannot spill, samples stay in memory: %s", self.name, exc)
+            return False
+        if not self._spilling:
+            logger.warning(
+                "%s: delivery failing for %.1fs; %d waiting samples and every new one go to %s "
+                "until the destination catches up",
+                self.name,
+                time.monotonic() - (self._failing_since or time.monotonic()),
+                len(moved),
+                spill.folder,
+            )
+        self._memory.clear()
+        self._memory_bytes = 0
+        self._spilling = True
+        self.stats.spilled += len(moved)
+        self.stats.spill_pending = spill.pending
+        self.stats.buffered = self._inflight
         self._cond.notify_all()
         return True
 
@@ -440,7 +513,7 @@ class BufferedSink(Sink):
         spill = self._spill_log()
         if spill is not None:
             try:
-                spill.append(left)
+                spill.prepend(left)  # older than anything spilled: replayed first
             except SinkError as exc:
                 self.stats.spill_failures += 1
                 return f"{self.name}: {len(left)} samples not delivered and not spilled: {exc}"
@@ -491,22 +564,24 @@ class BufferedSink(Sink):
 
     def _next_batch(self) -> tuple[list[Sample], SpillBatch | None] | None:
         """Wait for work; None when closing and everything is delivered. Called with the lock."""
+        lingered = False
         while True:
             if self._memory:
                 if (
-                    len(self._memory) < self.batch_size
+                    not lingered
+                    and len(self._memory) < self.batch_size
                     and self.linger > 0
                     and not self._closing
                     and self._flush_target <= self._done
                 ):
+                    lingered = True
                     self._cond.wait(self.linger)
-                count = min(self.batch_size, len(self._memory))
-                batch = [self._memory.popleft() for _ in range(count)]
-                self._memory_bytes -= sum(sample_nbytes(s) for s in batch)
-                self._inflight = count
+                    continue  # memory may have moved to the spill log meanwhile
+                batch = self._take_memory_locked()
+                self._inflight = len(batch)
                 return batch, None
             if self._spill is not None and self._spilling:
-                spilled = self._spill.read_batch(self.batch_size)
+                spilled = self._spill.read_batch(self.batch_size, self.batch_bytes)
                 if spilled is not None:
                     self._inflight = len(spilled.samples)
                     return spilled.samples, spilled
@@ -520,6 +595,19 @@ class BufferedSink(Sink):
                 return None
             self._cond.wait()
 
+    def _take_memory_locked(self) -> list[Sample]:
+        """Everything waiting, up to `batch_size` samples and `batch_bytes` (at least one)."""
+        batch: list[Sample] = []
+        nbytes = 0
+        while self._memory and len(batch) < self.batch_size:
+            size = sample_nbytes(self._memory[0])
+            if batch and nbytes + size > self.batch_bytes:
+                break
+            batch.append(self._memory.popleft())
+            nbytes += size
+        self._memory_bytes -= nbytes
+        return batch
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -530,11 +618,17 @@ class BufferedSink(Sink):
             if not batch:
                 self._flush_inner()
                 continue
-            if not self._deliver(batch):
+            outcome = self._deliver(batch, spilled)
+            if outcome == "aborted":
                 self._hand_back(batch, spilled)
                 return
             with self._cond:
                 self._inflight = 0
+                if outcome == "spilled":  # now at the front of the spill log
+                    self.stats.buffered = len(self._memory)
+                    continue
+                self._failing_since = None
+                self._failures = 0
                 self._done += len(batch)
                 self.stats.exported += len(batch)
                 if spilled is not None and self._spill is not None:
@@ -544,20 +638,31 @@ class BufferedSink(Sink):
                 self.stats.buffered = len(self._memory)
                 self._cond.notify_all()
 
-    def _deliver(self, batch: list[Sample]) -> bool:
-        """Hand `batch` to the destination, retrying; False if aborted by `close`."""
-        attempt = 0
+    def _deliver(
+        self, batch: list[Sample], spilled: SpillBatch | None
+    ) -> Literal["delivered", "spilled", "aborted"]:
+        """Hand `batch` to the destination, retrying: "delivered" (or rejected for good);
+        "spilled" when a memory batch moved to the spill log because delivery has failed for
+        `spill_after` seconds; "aborted" by `close`. The backoff carries over from batch to batch
+        until a delivery succeeds."""
+        wait = self._retry_at - time.monotonic()
+        if wait > 0 and self._abort.wait(wait):  # the backoff a moved batch was serving
+            return "aborted"
         while True:
             try:
                 self.inner.write(batch)
-                return True
+                return "delivered"
             except Exception as exc:
                 with self._cond:
                     self.stats.failed_attempts += 1
                     self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                    if self._failing_since is None:
+                        self._failing_since = time.monotonic()
                 if not _is_retryable(exc):
                     self._reject(batch, exc)
-                    return True
+                    return "delivered"
+                attempt = self._failures
+                self._failures += 1
                 delay = self.retry.delay(attempt)
                 if attempt == 0 or attempt % 20 == 0:
                     logger.warning(
@@ -566,9 +671,27 @@ class BufferedSink(Sink):
                         exc,
                         self.pending,
                     )
-                attempt += 1
-                if self._abort.wait(delay):
-                    return False
+                retry_at = time.monotonic() + delay
+                while True:
+                    if spilled is None and self._spill_batch(batch):
+                        self._retry_at = retry_at
+                        return "spilled"
+                    now = time.monotonic()
+                    if now >= retry_at:
+                        break
+                    wait = retry_at - now
+                    if spilled is None and self.spill_dir is not None:
+                        with self._cond:  # wake when the window ends, not at the next retry
+                            since = self._failing_since or now
+                        wait = min(wait, max(0.0, since + self.spill_after - now) + 0.001)
+                    if self._abort.wait(wait):
+                        return "aborted"
+
+    def _spill_batch(self, batch: list[Sample]) -> bool:
+        """Once delivery has failed for `spill_after` seconds, move the batch being retried (and
+        memory behind it) to the front of the spill log; True if it moved."""
+        with self._cond:
+            return self._spill_due() and self._spill_memory_locked(batch)
 
     def _flush_inner(self) -> None:
         with self._cond:

@@ -58,6 +58,7 @@ _BUFFER_OPTIONS: dict[str, _Parser] = {
     "max_buffer_samples": int,
     "max_buffer_bytes": int,
     "linger": float,
+    "spill_after": float,
     "close_timeout": float,
     "block_timeout": _optional_float,
 }
@@ -115,7 +116,8 @@ def open_sink(
     spill_dir: where a buffered sink spills; "default" = ``$TITO_SPILL_DIR/<destination>`` or
         ``~/.cache/tito-agents/spill/<destination>``; None = no spill (backpressure instead).
     options: sink options (also accepted in the query string) and buffer options
-        (`max_buffer_samples`, `max_buffer_bytes`, `linger`, `close_timeout`, `block_timeout`).
+        (`max_buffer_samples`, `max_buffer_bytes`, `linger`, `spill_after`, `close_timeout`,
+        `block_timeout`).
     """
     if isinstance(spec, Sink):
         inner, network, key = spec, False, type(spec).__name__

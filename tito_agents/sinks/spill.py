@@ -6,6 +6,10 @@ lock on it; a folder whose lock is free belonged to a process that died, and the
 opened on the same root adopts it and replays it first. So a crash loses nothing that reached the
 spill log: after the crash, the next run delivers it.
 
+Segments are replayed in name order: appended ones count up from `_FIRST_SEQ`, and `prepend` (samples
+older than everything spilled so far, e.g. what waited in memory when the destination failed) counts
+down from it, so a folder adopted after a crash replays in acceptance order too.
+
 File format: segments ``<seq>.spill`` of frames ``u32 length | u32 crc32 | sample frame``
 (`tito_agents.sinks.codec`). Replay progress is kept in ``<seq>.offset`` next to the segment; a crash
 between delivery and that record replays a few samples twice, which readers remove by `sample_id`.
@@ -37,6 +41,8 @@ logger = logging.getLogger("tito_agents.sinks")
 _FRAME = struct.Struct("<II")
 _LOCK = "LOCK"
 _SUFFIX = ".spill"
+_FIRST_SEQ = 5_000_000_000
+"""Appended segments are numbered up from here, prepended ones down (10 digits either way)."""
 
 
 @dataclass(slots=True)
@@ -66,11 +72,15 @@ def iter_spill_file(path: str | os.PathLike[str]) -> Iterator[Sample]:
         yield sample
 
 
-def _read_frames(path: Path, offset: int, limit: int | None) -> Iterator[tuple[Sample, int]]:
-    """Frames of `path` from `offset`: (sample, offset after it); stops at EOF or damage."""
+def _read_frames(
+    path: Path, offset: int, limit: int | None, max_bytes: int | None = None
+) -> Iterator[tuple[Sample, int]]:
+    """Frames of `path` from `offset`: (sample, offset after it); stops at EOF or damage, after
+    `limit` frames, or before a frame that would pass `max_bytes` read (the first always comes)."""
     with open(path, "rb") as handle:
         handle.seek(offset)
         count = 0
+        read = 0
         while limit is None or count < limit:
             head = handle.read(_FRAME.size)
             if not head:
@@ -79,6 +89,9 @@ def _read_frames(path: Path, offset: int, limit: int | None) -> Iterator[tuple[S
                 logger.warning("%s: skipping a torn frame at byte %d", path, offset)
                 return
             length, crc = _FRAME.unpack(head)
+            if count and max_bytes is not None and read + length > max_bytes:
+                return
+            read += length
             payload = handle.read(length)
             if len(payload) < length or zlib.crc32(payload) != crc:
                 logger.warning("%s: skipping a torn or damaged frame at byte %d", path, offset)
@@ -133,7 +146,8 @@ class SpillLog:
             raise SinkError(msg, retryable=False) from exc
         self._segments: list[_Segment] = []
         self._adopted: list[tuple[Path, IO[bytes]]] = []
-        self._next_seq = 0
+        self._next_seq = _FIRST_SEQ
+        self._front_seq = _FIRST_SEQ - 1
         self._writer: IO[bytes] | None = None
         self._adopt_orphans()
         self.spilled_samples = 0
@@ -175,11 +189,7 @@ class SpillLog:
         """Append samples durably; `SinkError(retryable=True)` if the disk refuses (e.g. full)."""
         if not samples:
             return
-        data = bytearray()
-        for sample in samples:
-            frame = encode_frame(sample)
-            data += _FRAME.pack(len(frame), zlib.crc32(frame))
-            data += frame
+        data = _frames(samples)
         with self._lock:
             segment = self._active_segment()
             assert self._writer is not None
@@ -193,6 +203,33 @@ class SpillLog:
                 _truncate_quietly(fd, start)  # never leave half a frame behind
                 raise SinkError(f"cannot spill to {segment.path}: {exc}", retryable=True) from exc
             segment.frames += len(samples)
+            self.spilled_samples += len(samples)
+
+    def prepend(self, samples: Sequence[Sample]) -> None:
+        """Write samples durably as a segment replayed before every segment this log spilled
+        itself: for samples accepted before all of those (they waited in memory, or in flight,
+        when the destination failed), so replay keeps acceptance order. Whole or not at all:
+        `SinkError(retryable=True)` if the disk refuses, and nothing is left behind."""
+        if not samples:
+            return
+        data = _frames(samples)
+        with self._lock:
+            path = self.folder / f"{self._front_seq:010d}{_SUFFIX}"
+            self._front_seq -= 1
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                try:
+                    _write_all(fd, data)
+                    if self._fsync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                path.unlink(missing_ok=True)
+                raise SinkError(f"cannot spill to {path}: {exc}", retryable=True) from exc
+            own = (i for i, s in enumerate(self._segments) if s.path.parent == self.folder)
+            index = next(own, len(self._segments))  # after adopted folders: they are older
+            self._segments.insert(index, _Segment(path, len(samples), sealed=True))
             self.spilled_samples += len(samples)
 
     def _active_segment(self) -> _Segment:
@@ -215,8 +252,9 @@ class SpillLog:
         with self._lock:
             return sum(s.frames for s in self._segments)
 
-    def read_batch(self, max_samples: int) -> SpillBatch | None:
-        """The next samples in order from the oldest segment, or None when the log is empty."""
+    def read_batch(self, max_samples: int, max_bytes: int | None = None) -> SpillBatch | None:
+        """The next samples in order from the oldest segment (at most `max_samples`, and frames
+        of at most `max_bytes` unless the first alone is larger), or None when the log is empty."""
         with self._lock:
             while self._segments:
                 segment = self._segments[0]
@@ -225,7 +263,8 @@ class SpillLog:
                         return None
                     self._seal_active()
                 try:
-                    pairs = list(_read_frames(segment.path, segment.offset, max_samples))
+                    frames = _read_frames(segment.path, segment.offset, max_samples, max_bytes)
+                    pairs = list(frames)
                 except OSError as exc:  # removed or unreadable: nothing more can come from it
                     logger.error(
                         "cannot read spill segment %s (%d samples in it are lost): %s",
@@ -300,6 +339,15 @@ class SpillLog:
                 self._lock_file = None
                 if empty:
                     _rmdir_quietly(self.folder)
+
+
+def _frames(samples: Sequence[Sample]) -> bytearray:
+    data = bytearray()
+    for sample in samples:
+        frame = encode_frame(sample)
+        data += _FRAME.pack(len(frame), zlib.crc32(frame))
+        data += frame
+    return data
 
 
 def _read_offset(segment: Path) -> int:

@@ -191,10 +191,12 @@ class _Proxy:
         while not self._closed:
             try:
                 client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            try:
                 upstream = socket.create_connection(("127.0.0.1", self.target), timeout=2)
             except OSError:
-                if self._closed:
-                    return
+                client.close()  # Redis is down: the reader sees a refused connection
                 continue
             with self._lock:
                 self._socks += [client, upstream]

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import itertools
 
+from tito_agents.assembly import merged_samples
 from tito_agents.calls import Call, CallStatus, Endpoint
-from tito_agents.merge import merged_samples
 
 TURNS = 50
 TOTAL_TOKENS = 65_536

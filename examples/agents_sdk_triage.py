@@ -8,7 +8,7 @@ answers. The agents are plain Agents SDK code. tito-agents adds `install(...)` (
 chat-completions path, every call labelled with its agent) and `collector.episode(...)` around
 each run. Rewards are given after the run, per agent: triage for routing to the right specialist,
 the specialist for an answer that uses its tool's result. Each agent's calls are then merged into
-its own trajectories (`tito_agents.merge`) and written to `--out`.
+its own trajectories (`tito_agents.assembly.merged`) and written to `--out`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import tito_agents_openai_agents as tito_oa
 from agents import Agent, AgentsException, ModelSettings, RunConfig, Runner, function_tool
 
 import tito_agents as tito
-from tito_agents.merge import merged_samples
+from tito_agents.assembly import merged_samples
 
 INVOICES = {"INV-1042": "paid on May 2", "INV-2077": "overdue by 12 days", "INV-3001": "refunded"}
 WEATHER = {"Paris": "18C and sunny", "Oslo": "3C and snowing", "Lima": "25C and clear"}

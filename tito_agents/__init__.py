@@ -12,9 +12,20 @@ call to its episode and agent, and write trainer-ready samples.
 from __future__ import annotations
 
 from tito_agents._capture import ErrorPolicy, OutsideEpisode
+from tito_agents.assembly import (
+    AssemblyMode,
+    AssemblyOptions,
+    AssemblyReport,
+    Divergence,
+    DivergenceKind,
+    EpisodeContext,
+    assemble,
+    assemble_episode,
+    assembly_report,
+    merged_samples,
+)
 from tito_agents.calls import Call, CallStatus, Endpoint
 from tito_agents.collector import CaptureStats, Collector, SinkErrors
-from tito_agents.divergence import DivergenceKind
 from tito_agents.episodes import (
     Attribution,
     ContextThreadPoolExecutor,
@@ -41,19 +52,14 @@ from tito_agents.errors import (
     TitoError,
     TokenCountMismatchError,
 )
-from tito_agents.merge import (
-    AssemblyReport,
-    Divergence,
-    assemble,
-    assembly_report,
-    merged_samples,
-)
 from tito_agents.samples import CallSpan, Sample
 from tito_agents.sinks import CallbackSink, JsonlSink, MemorySink, Sink, open_sink, read_samples
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AssemblyMode",
+    "AssemblyOptions",
     "AssemblyReport",
     "Attribution",
     "Call",
@@ -70,6 +76,7 @@ __all__ = [
     "Endpoint",
     "Episode",
     "EpisodeCaptureError",
+    "EpisodeContext",
     "EpisodeReport",
     "ErrorPolicy",
     "IncompleteCallError",
@@ -89,6 +96,7 @@ __all__ = [
     "__version__",
     "agent",
     "assemble",
+    "assemble_episode",
     "assembly_report",
     "bind",
     "current_agent",

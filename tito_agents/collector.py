@@ -15,10 +15,10 @@ from urllib.parse import urlsplit
 
 from tito_agents import _transport
 from tito_agents._capture import CaptureCore, ErrorPolicy, OutsideEpisode
+from tito_agents.assembly import AssemblyMode, AssemblyOptions, EpisodeContext, assemble_episode
 from tito_agents.calls import Call, CallStatus
 from tito_agents.episodes import Episode
 from tito_agents.errors import ConfigurationError, EpisodeCaptureError, SinkError
-from tito_agents.merge import AssemblyMode, assemble
 from tito_agents.samples import Sample
 from tito_agents.sinks import BufferedSink, ExportStats, MemorySink, Sink
 
@@ -93,9 +93,9 @@ class Collector:
     policy_version: a label of the weights that sample now (async RL); set it again on each update.
     end_of_turn_id: the model's end-of-turn token for token-in sessions; learnt from the first turn
         that ends on EOS when not given (needed earlier only to bridge a truncated first turn).
-    assembly: "per_call" (one sample per call), "merged" (an agent's calls merged into one sequence
-        wherever each prompt extends the previous one; see `tito_agents.merge`) or "both" (both
-        kinds to the same sink; train on one of them).
+    assembly: `AssemblyMode` or its string: "per_call" (one sample per call), "merged" (an agent's
+        calls merged into one sequence wherever each prompt extends the previous one; see
+        `tito_agents.assembly.merged`) or "both" (both kinds to the same sink; train on one of them).
     turn_discount: discount of per-call rewards inside a merged sample.
     tokenizer: optional, e.g. a transformers tokenizer of the served model; only used to name
         divergences and show excerpts in reports, never to make token ids.
@@ -112,7 +112,7 @@ class Collector:
         keep_messages: bool = True,
         policy_version: str | None = None,
         end_of_turn_id: int | None = None,
-        assembly: AssemblyMode = "per_call",
+        assembly: AssemblyMode | str = AssemblyMode.PER_CALL,
         turn_discount: float = 1.0,
         tokenizer: Any = None,
     ) -> None:
@@ -137,9 +137,12 @@ class Collector:
         self.verified_tails: dict[tuple[Any, ...], int | None] = {}
         """Tail shapes whose prefix preservation token-in sessions have checked (all episodes),
         with how their short render is cut (`sessions.Session.verified`)."""
-        if assembly not in ("per_call", "merged", "both"):
-            raise ConfigurationError(f"assembly must be per_call, merged or both, not {assembly!r}")
-        self.assembly: AssemblyMode = assembly
+        try:
+            self.assembly = AssemblyMode(assembly)
+        except ValueError:
+            raise ConfigurationError(
+                f"assembly must be per_call, merged or both, not {assembly!r}"
+            ) from None
         self.turn_discount = turn_discount
         self.tokenizer = tokenizer
         self.stats = CaptureStats(delivery=self._queue.stats if self._queue else None)
@@ -239,21 +242,16 @@ class Collector:
     def assemble(self, episode: Episode, calls: list[Call]) -> list[Sample]:
         """The samples of an ended episode, in the collector's assembly mode. Divergences found
         while merging are kept on `episode.divergences` and counted in `episode.report`."""
-        metadata = dict(episode.metadata) if episode.metadata else None
-        tok = self.tokenizer
-        samples, divergences = assemble(
-            calls,
-            mode=self.assembly,
+        # Built per episode, not once: `tokenizer` and `turn_discount` are public attributes.
+        options = AssemblyOptions.from_tokenizer(self.tokenizer, self.assembly, self.turn_discount)
+        context = EpisodeContext(
             episode_id=episode.episode_id,
             episode_reward=episode.reward,
             task_id=episode.task_id,
             group_id=episode.group_id,
-            metadata=metadata,
-            turn_discount=self.turn_discount,
-            decode=tok.decode if tok is not None else None,
-            special_ids=getattr(tok, "all_special_ids", None),
-            eos_ids=[tok.eos_token_id] if getattr(tok, "eos_token_id", None) is not None else None,
+            metadata=dict(episode.metadata) if episode.metadata else None,
         )
+        samples, divergences = assemble_episode(calls, context, options)
         episode.divergences.extend(divergences)
         for divergence in divergences:
             kind = divergence.kind.value

@@ -25,8 +25,8 @@ from tito_agents.samples import finite_or_none
 from tito_agents.sessions import Session
 
 if TYPE_CHECKING:
+    from tito_agents.assembly import Divergence
     from tito_agents.collector import Collector
-    from tito_agents.merge import Divergence
 
 logger = logging.getLogger("tito_agents")
 

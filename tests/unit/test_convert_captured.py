@@ -12,8 +12,8 @@ import pytest
 
 import tito_agents as tito
 from tito_agents import Call, Sample
+from tito_agents.assembly import merged_samples
 from tito_agents.convert import pack_batch, pad_batch, to_trl_rollout, to_verl_batch
-from tito_agents.merge import merged_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 

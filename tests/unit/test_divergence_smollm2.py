@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from tests.unit.test_merge import make_call
+from tito_agents.assembly import Divergence, merged_samples
+from tito_agents.assembly.divergence import DivergenceKind
 from tito_agents.calls import Call
-from tito_agents.divergence import DivergenceKind
-from tito_agents.merge import Divergence, merged_samples
 from tito_agents.samples import Sample
 
 K = DivergenceKind

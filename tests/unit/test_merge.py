@@ -7,21 +7,26 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from tito_agents.assembly import per_call_samples
-from tito_agents.calls import Call, CallStatus, Endpoint
-from tito_agents.divergence import (
+from tito_agents import Collector, ConfigurationError
+from tito_agents.assembly import (
+    AssemblyMode,
+    AssemblyOptions,
+    Divergence,
+    EpisodeContext,
+    assemble,
+    assemble_episode,
+    assembly_report,
+    merged_reward,
+    merged_samples,
+    per_call_samples,
+)
+from tito_agents.assembly.divergence import (
     DivergenceKind,
     classify_rewrite,
     common_prefix_len,
     normalize_template_text,
 )
-from tito_agents.merge import (
-    Divergence,
-    assemble,
-    assembly_report,
-    merged_reward,
-    merged_samples,
-)
+from tito_agents.calls import Call, CallStatus, Endpoint
 from tito_agents.samples import Sample
 
 # ---- a toy ChatML vocabulary: specials, role words, letters, letter pairs, unique markers ----
@@ -508,6 +513,26 @@ def test_assemble_both_modes_have_distinct_ids() -> None:
     assert merged_only[0].sample_id == samples[2].sample_id  # deterministic
     with pytest.raises(ValueError):
         assemble(calls, mode="tree", episode_id="ep", episode_reward=None)  # type: ignore[arg-type]
+
+
+def test_modes_are_an_enum_and_plain_strings_still_work() -> None:
+    """`AssemblyMode` members and their strings choose alike; the keyword and object forms agree;
+    a bad mode is a `ValueError` for `assemble` and a `ConfigurationError` for the collector."""
+    answer = [marker(5), IM_END]
+    calls = two_turns([*answer, NL], answer)
+    by_string = assemble(calls, mode="both", episode_id="ep", episode_reward=1.0)
+    by_member = assemble(calls, mode=AssemblyMode.BOTH, episode_id="ep", episode_reward=1.0)
+    options = AssemblyOptions.of("both", special_ids=SPECIAL_IDS, decode=decode)
+    by_object = assemble_episode(calls, EpisodeContext("ep", 1.0), options)
+    ids = [[s.sample_id for s in samples] for samples, _ in (by_string, by_member, by_object)]
+    assert ids[0] == ids[1] == ids[2] and len(ids[0]) == 3
+    assert [m.value for m in AssemblyMode] == ["per_call", "merged", "both"]
+    assert Collector(assembly="merged").assembly is AssemblyMode.MERGED
+    assert Collector(assembly=AssemblyMode.BOTH).assembly is AssemblyMode.BOTH
+    with pytest.raises(ConfigurationError, match="per_call, merged or both"):
+        Collector(assembly="tree")
+    with pytest.raises(ValueError, match="'per_call', 'merged' or 'both'"):
+        AssemblyOptions.of("tree")
 
 
 def test_report_counts_kinds_positions_and_excerpts() -> None:

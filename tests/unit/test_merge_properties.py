@@ -39,9 +39,9 @@ from tests.unit.test_merge import (
     message,
     split_pair,
 )
+from tito_agents.assembly import Divergence, merged_samples
+from tito_agents.assembly.divergence import DivergenceKind, common_prefix_len
 from tito_agents.calls import Call, CallStatus
-from tito_agents.divergence import DivergenceKind, common_prefix_len
-from tito_agents.merge import Divergence, merged_samples
 from tito_agents.samples import Sample
 
 K = DivergenceKind

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tito_agents.divergence import EPISODE_START, common_prefix_len
+from tito_agents.assembly.divergence import EPISODE_START, common_prefix_len
 from tito_agents.samples import Sample
 
 __all__ = [

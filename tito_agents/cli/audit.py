@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import orjson
 
+from tito_agents.assembly.divergence import common_prefix_len
 from tito_agents.cli._audit_cases import (
     TOOLS,
     AuditCase,
@@ -33,7 +34,6 @@ from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
 from tito_agents.cli._render import RenderRefused, TemplateRenderer, load_renderer
 from tito_agents.cli._term import Painter, color_enabled
 from tito_agents.cli._tokenizers import decode_tokens
-from tito_agents.divergence import common_prefix_len
 
 __all__ = ["AuditReport", "CaseResult", "add_parser", "audit_template", "run"]
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from tito_agents.assembly.divergence import common_prefix_len, normalize_template_text
 from tito_agents.calls import IdArray
 from tito_agents.cli._drift_format import format_drift
 from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
@@ -36,7 +37,6 @@ from tito_agents.cli._progress import Progress, progress_enabled
 from tito_agents.cli._render import RenderRefused, TemplateRenderer
 from tito_agents.cli._tokenizers import load_tokenizer
 from tito_agents.cli.sources import open_samples
-from tito_agents.divergence import common_prefix_len, normalize_template_text
 from tito_agents.samples import Sample
 
 __all__ = [

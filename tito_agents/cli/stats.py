@@ -19,17 +19,18 @@ from typing import Any
 import numpy as np
 import orjson
 
+from tito_agents.assembly.divergence import EPISODE_START, DivergenceKind
+from tito_agents.assembly.per_call import PER_CALL_REASON
 from tito_agents.cli._errors import EXIT_OK
 from tito_agents.cli._progress import Progress, progress_enabled
 from tito_agents.cli._term import human_bytes, percent, table
 from tito_agents.cli.sources import SampleFile, open_samples
-from tito_agents.divergence import EPISODE_START, DivergenceKind
 from tito_agents.samples import Sample
 
 __all__ = ["SampleStats", "add_parser", "collect_stats", "run"]
 
-PER_CALL_START = "call"
-"""`start_reason` of a per-call sample (assembly.per_call_sample)."""
+PER_CALL_START = PER_CALL_REASON
+"""`start_reason` of a per-call sample (`tito_agents.assembly.per_call`)."""
 DIVERGENCE_KINDS = frozenset(k.value for k in DivergenceKind)
 _QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 _HISTOGRAM_BINS = 10

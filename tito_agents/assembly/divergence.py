@@ -1,4 +1,5 @@
-"""Divergence kinds and the classifier that says why a prompt stopped extending an agent's history.
+"""Divergences: the record of where a merged sample split, its kinds, and the classifier that
+says why a prompt stopped extending an agent's history.
 
 A merged sample grows while each call's `prompt_ids` start with the previous call's prompt + sampled
 ids. When a prompt does not, the first position where it differs from that sequence is the *rewrite
@@ -32,6 +33,8 @@ import enum
 import functools
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -80,6 +83,47 @@ EPISODE_START = "episode_start"
 """`Sample.start_reason` of an agent's first merged sample."""
 END = "end"
 """`Sample.end_reason` of a merged sample nothing diverged from after its last call."""
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where and why one call's prompt stopped extending its agent's history."""
+
+    episode_id: str
+    agent: str | None
+    call_id: str
+    """The call whose prompt diverged; it starts sample `sample_id`."""
+    prev_call_id: str
+    """The call it was compared with: the parent chain's last call, or for a resample the earlier
+    call with the same prompt."""
+    rewrite_point: int
+    """Position in the new prompt where it differs from the parent's ids (for a resample: the
+    prompt length, where the two samplings start)."""
+    kind: DivergenceKind
+    excerpt: str
+    """Decoded tokens around the break, old vs new (ids when no decode was given)."""
+    sample_id: str
+    prev_sample_id: str
+    """The sample holding `prev_call_id`; it keeps its trained ids."""
+
+    @property
+    def position(self) -> int:
+        """Alias of `rewrite_point`."""
+        return self.rewrite_point
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready fields (`kind` as its string value), as reports and logs store them."""
+        return {
+            "episode_id": self.episode_id,
+            "agent": self.agent,
+            "call_id": self.call_id,
+            "prev_call_id": self.prev_call_id,
+            "rewrite_point": self.rewrite_point,
+            "kind": self.kind.value,
+            "excerpt": self.excerpt,
+            "sample_id": self.sample_id,
+            "prev_sample_id": self.prev_sample_id,
+        }
 
 
 def common_prefix_len(a: IdArray, b: IdArray) -> int:

@@ -1,7 +1,8 @@
 """Merged assembly: an agent's calls as few long samples, split only where a prompt rewrites history.
 
-Pure functions, no I/O. `merged_samples` turns an episode's calls into samples and the divergences
-that split them; `assembly_report` summarises both; `assemble` picks per-call, merged or both.
+Pure functions, no I/O. `assemble_merged` (keyword form: `merged_samples`) turns an episode's calls
+into samples and the divergences that split them; `tito_agents.assembly.report` summarises both and
+`tito_agents.assembly.assemble` picks per-call, merged or both.
 
 Grouping and order
     Only complete calls (`CallStatus.COMPLETE`) are used, grouped by `agent` (None is a group of its
@@ -21,7 +22,7 @@ Divergence (the rewrite point)
     chain whose tip shares the longest common prefix with the prompt (ties, e.g. `n > 1` siblings:
     the chain whose ids after that prefix reappear most in the prompt, i.e. the sibling the agent
     continued, then the most recent). The rewrite point is that prefix length, and
-    `tito_agents.divergence` names the kind, first match wins: `RESAMPLE` (the prompt equals the
+    `tito_agents.assembly.divergence` names the kind, first match wins: `RESAMPLE` (the prompt equals the
     prompt of an earlier call of the agent, in any chain: retries and `n > 1` choices become sibling
     samples, all kept), `BRANCH` (the call was sent before the parent's last call returned and holds
     none of its sampled ids: a parallel sub-call), then `TRUNCATION`, `RETOKENIZED`,
@@ -59,83 +60,30 @@ point.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from tito_agents.assembly import per_call_samples
-from tito_agents.calls import Call, CallStatus, IdArray
-from tito_agents.divergence import (
+from tito_agents.assembly.divergence import (
     END,
     EPISODE_START,
     TEXT_WINDOW_TOKENS,
     Decode,
+    Divergence,
     DivergenceKind,
     classify_rewrite,
     common_prefix_len,
     excerpt,
 )
+from tito_agents.assembly.options import AssemblyMode, AssemblyOptions, EpisodeContext
+from tito_agents.calls import Call, CallStatus, IdArray
 from tito_agents.samples import CallSpan, Sample, finite_or_none, sample_id_for
 
-__all__ = [
-    "END",
-    "EPISODE_START",
-    "AssemblyMode",
-    "AssemblyReport",
-    "Divergence",
-    "DivergenceKind",
-    "assemble",
-    "assembly_report",
-    "merged_reward",
-    "merged_samples",
-]
-
 MERGED_SALT = "merged"
+"""Salt of merged sample ids: never equal to a per-call sample id of the same calls."""
 _REUSE_WINDOW = 256
-AssemblyMode = Literal["per_call", "merged", "both"]
-
-
-@dataclass(frozen=True, slots=True)
-class Divergence:
-    """Where and why one call's prompt stopped extending its agent's history."""
-
-    episode_id: str
-    agent: str | None
-    call_id: str
-    """The call whose prompt diverged; it starts sample `sample_id`."""
-    prev_call_id: str
-    """The call it was compared with: the parent chain's last call, or for a resample the earlier
-    call with the same prompt."""
-    rewrite_point: int
-    """Position in the new prompt where it differs from the parent's ids (for a resample: the
-    prompt length, where the two samplings start)."""
-    kind: DivergenceKind
-    excerpt: str
-    """Decoded tokens around the break, old vs new (ids when no decode was given)."""
-    sample_id: str
-    prev_sample_id: str
-    """The sample holding `prev_call_id`; it keeps its trained ids."""
-
-    @property
-    def position(self) -> int:
-        """Alias of `rewrite_point`."""
-        return self.rewrite_point
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "episode_id": self.episode_id,
-            "agent": self.agent,
-            "call_id": self.call_id,
-            "prev_call_id": self.prev_call_id,
-            "rewrite_point": self.rewrite_point,
-            "kind": self.kind.value,
-            "excerpt": self.excerpt,
-            "sample_id": self.sample_id,
-            "prev_sample_id": self.prev_sample_id,
-        }
 
 
 @dataclass(slots=True)
@@ -214,13 +162,6 @@ class _Break:
     excerpt: str
 
 
-@dataclass(frozen=True, slots=True)
-class _Options:
-    decode: Decode | None
-    special_ids: frozenset[int]
-    eos_ids: frozenset[int]
-
-
 def merged_samples(
     calls: Iterable[Call],
     *,
@@ -236,13 +177,30 @@ def merged_samples(
 ) -> tuple[list[Sample], list[Divergence]]:
     """Merged samples of an episode's complete calls, and the divergences that split them.
 
-    `decode` (a tokenizer's decode), `special_ids` and `eos_ids` only sharpen the divergence kinds
-    and excerpts; the samples' ids never depend on them. Samples come in order of their first call,
-    divergences in order of the diverging call. See the module docstring for the rules.
+    Keyword form of `assemble_merged`. `decode` (a tokenizer's decode), `special_ids` and `eos_ids`
+    only sharpen the divergence kinds and excerpts; the samples' ids never depend on them.
     """
-    discount = _check_discount(turn_discount)
-    episode_reward = finite_or_none(episode_reward)
-    options = _Options(decode, frozenset(special_ids or ()), frozenset(eos_ids or ()))
+    options = AssemblyOptions.of(
+        AssemblyMode.MERGED,
+        turn_discount=turn_discount,
+        decode=decode,
+        special_ids=special_ids,
+        eos_ids=eos_ids,
+    )
+    episode = EpisodeContext(episode_id, episode_reward, task_id, group_id, metadata)
+    return assemble_merged(calls, episode, options)
+
+
+def assemble_merged(
+    calls: Iterable[Call], episode: EpisodeContext, options: AssemblyOptions
+) -> tuple[list[Sample], list[Divergence]]:
+    """Merged samples of an episode's complete calls, and the divergences that split them.
+
+    Samples come in order of their first call, divergences in order of the diverging call
+    (`options.mode` is not read: the caller chose merged). See the module docstring for the rules.
+    """
+    discount = _check_discount(options.turn_discount)
+    episode_reward = finite_or_none(episode.episode_reward)
     groups: dict[str | None, list[Call]] = {}
     seen: set[str] = set()
     complete = sorted(
@@ -262,22 +220,14 @@ def merged_samples(
     samples: list[Sample] = []
     sample_ids: dict[int, str] = {}
     for chain in chains:
-        sample = _chain_sample(
-            chain,
-            episode_id=episode_id,
-            episode_reward=episode_reward,
-            discount=discount,
-            task_id=task_id,
-            group_id=group_id,
-            metadata=metadata,
-        )
+        sample = _chain_sample(chain, episode, episode_reward, discount)
         sample_ids[id(chain)] = sample.sample_id
         samples.append(sample)
 
     breaks.sort(key=lambda b: (b.call.seq, b.call.choice_index))
     divergences = [
         Divergence(
-            episode_id=episode_id,
+            episode_id=episode.episode_id,
             agent=b.call.agent,
             call_id=b.call.call_id,
             prev_call_id=b.prev_call.call_id,
@@ -293,7 +243,7 @@ def merged_samples(
 
 
 def _chain_agent(
-    calls: list[Call], options: _Options, out_chains: list[_Chain], out_breaks: list[_Break]
+    calls: list[Call], options: AssemblyOptions, out_chains: list[_Chain], out_breaks: list[_Break]
 ) -> None:
     """Split one agent's ordered calls into chains, recording a break for each new chain but the first."""
     chains: list[_Chain] = []
@@ -334,7 +284,7 @@ def _diagnose(
     call: Call,
     chains: list[_Chain],
     same_prompt: tuple[_Chain, Call] | None,
-    options: _Options,
+    options: AssemblyOptions,
 ) -> tuple[_Chain, Call, int, DivergenceKind, str]:
     """Parent chain, compared call, rewrite point, kind and excerpt of a call that extends no tip."""
     prompt_ids = call.prompt_ids
@@ -399,16 +349,14 @@ def _reuse(old_ids: IdArray, new_ids: IdArray) -> int:
 
 
 def _chain_sample(
-    chain: _Chain,
-    *,
-    episode_id: str,
-    episode_reward: float | None,
-    discount: float,
-    task_id: str | None,
-    group_id: str | None,
-    metadata: dict[str, Any] | None,
+    chain: _Chain, episode: EpisodeContext, episode_reward: float | None, discount: float
 ) -> Sample:
-    """The sample of a finished chain: one concatenation for the ids, one slice write per call."""
+    """The sample of a finished chain: one concatenation for the ids, one slice write per call.
+
+    `episode_reward` and `discount` come checked from `assemble_merged` (once per episode, not per
+    sample), which is why they travel beside `episode`.
+    """
+    episode_id = episode.episode_id
     last = chain.calls[-1]
     token_ids = np.concatenate((last.prompt_ids, last.sampled_ids), dtype=np.int32)
     total = int(token_ids.shape[0])
@@ -436,7 +384,7 @@ def _chain_sample(
             )
         )
     call_ids = [c.call_id for c in chain.calls]
-    meta = dict(metadata or {})
+    meta = dict(episode.metadata or {})
     labels = {c.call_id: c.labels for c in chain.calls if c.labels}
     if labels:
         meta["call_labels"] = labels
@@ -450,8 +398,8 @@ def _chain_sample(
         reward=merged_reward([c.reward for c in chain.calls], episode_reward, discount),
         call_ids=call_ids,
         spans=spans,
-        task_id=task_id,
-        group_id=group_id,
+        task_id=episode.task_id,
+        group_id=episode.group_id,
         model=next((c.model for c in chain.calls if c.model is not None), None),
         start_reason=chain.start_reason,
         end_reason=chain.end_reason,
@@ -479,137 +427,8 @@ def merged_reward(
 
 
 def _check_discount(turn_discount: float) -> float:
+    """The discount as a float in [0, 1]; anything else is refused before any sample is made."""
     value = float(turn_discount)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"turn_discount must be in [0, 1], got {turn_discount!r}")
     return value
-
-
-def assemble(
-    calls: Iterable[Call],
-    *,
-    mode: AssemblyMode = "per_call",
-    episode_id: str,
-    episode_reward: float | None,
-    task_id: str | None = None,
-    group_id: str | None = None,
-    metadata: dict[str, Any] | None = None,
-    turn_discount: float = 1.0,
-    decode: Decode | None = None,
-    special_ids: Iterable[int] | None = None,
-    eos_ids: Iterable[int] | None = None,
-) -> tuple[list[Sample], list[Divergence]]:
-    """An episode's samples in the chosen mode: "per_call", "merged" or "both" (per-call first).
-
-    Per-call mode reports no divergences. `turn_discount`, `decode`, `special_ids` and `eos_ids`
-    only apply to merged samples.
-    """
-    if mode not in ("per_call", "merged", "both"):
-        raise ValueError(f"mode must be 'per_call', 'merged' or 'both', got {mode!r}")
-    calls = list(calls)
-    samples: list[Sample] = []
-    divergences: list[Divergence] = []
-    if mode in ("per_call", "both"):
-        samples.extend(
-            per_call_samples(
-                calls,
-                episode_id=episode_id,
-                episode_reward=episode_reward,
-                task_id=task_id,
-                group_id=group_id,
-                metadata=metadata,
-            )
-        )
-    if mode in ("merged", "both"):
-        merged, divergences = merged_samples(
-            calls,
-            episode_id=episode_id,
-            episode_reward=episode_reward,
-            task_id=task_id,
-            group_id=group_id,
-            metadata=metadata,
-            turn_discount=turn_discount,
-            decode=decode,
-            special_ids=special_ids,
-            eos_ids=eos_ids,
-        )
-        samples.extend(merged)
-    return samples, divergences
-
-
-@dataclass(slots=True)
-class AssemblyReport:
-    """Counts over samples and divergences (one episode or many), for logs and dashboards."""
-
-    episodes: int = 0
-    calls: int = 0
-    samples: int = 0
-    samples_per_episode: float = 0.0
-    tokens: int = 0
-    trained_tokens: int = 0
-    start_reasons: dict[str, int] = field(default_factory=dict)
-    end_reasons: dict[str, int] = field(default_factory=dict)
-    divergences_by_kind: dict[str, int] = field(default_factory=dict)
-    positions_by_kind: dict[str, list[int]] = field(default_factory=dict)
-    divergences: list[dict[str, Any]] = field(default_factory=list)
-    """Each divergence as `Divergence.to_dict()`, excerpt included."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "episodes": self.episodes,
-            "calls": self.calls,
-            "samples": self.samples,
-            "samples_per_episode": self.samples_per_episode,
-            "tokens": self.tokens,
-            "trained_tokens": self.trained_tokens,
-            "start_reasons": dict(self.start_reasons),
-            "end_reasons": dict(self.end_reasons),
-            "divergences_by_kind": dict(self.divergences_by_kind),
-            "positions_by_kind": {k: list(v) for k, v in self.positions_by_kind.items()},
-            "divergences": [dict(d) for d in self.divergences],
-        }
-
-    def format(self) -> str:
-        """A few human-readable lines: totals, divergences by kind, one line per divergence."""
-        lines = [
-            f"{self.episodes} episode(s), {self.calls} call(s) -> {self.samples} sample(s) "
-            f"({self.samples_per_episode:.2f} per episode), {self.tokens} tokens, "
-            f"{self.trained_tokens} trained"
-        ]
-        if self.divergences_by_kind:
-            kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.divergences_by_kind.items()))
-            lines.append(f"divergences: {kinds}")
-        for d in self.divergences:
-            agent = "" if d["agent"] is None else f" agent={d['agent']}"
-            lines.append(
-                f"  {d['kind']}{agent} call={d['call_id']} after {d['prev_call_id']}: {d['excerpt']}"
-            )
-        return "\n".join(lines)
-
-
-def assembly_report(
-    samples: Iterable[Sample], divergences: Iterable[Divergence] = ()
-) -> AssemblyReport:
-    """Calls, samples, samples per episode, tokens, reasons and divergences by kind with positions."""
-    samples = list(samples)
-    divergences = list(divergences)
-    episodes = {s.episode_id for s in samples} | {d.episode_id for d in divergences}
-    call_ids = {c for s in samples for c in s.call_ids}
-    by_kind: Counter[str] = Counter()
-    positions: dict[str, list[int]] = {}
-    for d in divergences:
-        by_kind[d.kind.value] += 1
-        positions.setdefault(d.kind.value, []).append(d.rewrite_point)
-    return AssemblyReport(
-        episodes=len(episodes),
-        calls=len(call_ids),
-        samples=len(samples),
-        samples_per_episode=len(samples) / len(episodes) if episodes else 0.0,
-        tokens=sum(s.num_tokens for s in samples),
-        trained_tokens=sum(s.num_trained for s in samples),
-        start_reasons=dict(Counter(s.start_reason for s in samples)),
-        end_reasons=dict(Counter(s.end_reason for s in samples)),
-        divergences_by_kind=dict(by_kind),
-        positions_by_kind=positions,
-        divergences=[d.to_dict() for d in divergences],
-    )

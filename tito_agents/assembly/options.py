@@ -1,0 +1,118 @@
+"""The two parameter objects of assembly: whose samples they are, and how to assemble them.
+
+`EpisodeContext` is what every sample of one episode inherits (ids, the outcome reward, labels): it
+changes with each episode. `AssemblyOptions` is how samples are made (mode, reward discount, the
+tokenizer hooks that name divergences): it is configuration, usually the same for a whole run. Kept
+apart so per-call assembly, which needs no options, takes only the context, and so a caller builds the
+options once and reuses them for every episode.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tito_agents.assembly.divergence import Decode
+
+
+class AssemblyMode(enum.Enum):
+    """Which samples an episode's calls become."""
+
+    PER_CALL = "per_call"
+    """One sample per complete call: exact, but the growing prompt is repeated every turn."""
+    MERGED = "merged"
+    """An agent's calls as few long samples, split only where a prompt rewrites history."""
+    BOTH = "both"
+    """Per-call samples, then merged ones, to the same sink (their ids never collide)."""
+
+    @classmethod
+    def parse(cls, value: AssemblyMode | str) -> AssemblyMode:
+        """The member for an `AssemblyMode` or its plain string; `ValueError` names the choices."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(
+                f"mode must be 'per_call', 'merged' or 'both', got {value!r}"
+            ) from None
+
+    @property
+    def per_call(self) -> bool:
+        """Whether this mode makes per-call samples."""
+        return self is not AssemblyMode.MERGED
+
+    @property
+    def merged(self) -> bool:
+        """Whether this mode makes merged samples."""
+        return self is not AssemblyMode.PER_CALL
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeContext:
+    """What every sample of one episode carries, whatever the mode."""
+
+    episode_id: str
+    episode_reward: float | None = None
+    """The outcome of the whole episode (per-call: used where a call has no reward of its own;
+    merged: added to each sample's discounted call rewards)."""
+    task_id: str | None = None
+    group_id: str | None = None
+    metadata: Mapping[str, Any] | None = None
+    """Copied into each sample's `metadata` (never shared between samples)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AssemblyOptions:
+    """How an episode's calls become samples.
+
+    `decode`, `special_ids` and `eos_ids` only sharpen divergence kinds and excerpts of merged
+    samples; the samples' ids never depend on them. `turn_discount` is checked when merged samples
+    are made (a per-call run never reads it), as before these options existed.
+    """
+
+    mode: AssemblyMode = AssemblyMode.PER_CALL
+    turn_discount: float = 1.0
+    """Discount of per-call rewards inside a merged sample, in [0, 1]."""
+    decode: Decode | None = None
+    special_ids: frozenset[int] = field(default_factory=frozenset)
+    eos_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @classmethod
+    def of(
+        cls,
+        mode: AssemblyMode | str = AssemblyMode.PER_CALL,
+        *,
+        turn_discount: float = 1.0,
+        decode: Decode | None = None,
+        special_ids: Iterable[int] | None = None,
+        eos_ids: Iterable[int] | None = None,
+    ) -> AssemblyOptions:
+        """Options from the loose forms the keyword API accepts (a mode string, any iterables)."""
+        return cls(
+            mode=AssemblyMode.parse(mode),
+            turn_discount=turn_discount,
+            decode=decode,
+            special_ids=frozenset(special_ids or ()),
+            eos_ids=frozenset(eos_ids or ()),
+        )
+
+    @classmethod
+    def from_tokenizer(
+        cls,
+        tokenizer: Any,
+        mode: AssemblyMode | str = AssemblyMode.PER_CALL,
+        turn_discount: float = 1.0,
+    ) -> AssemblyOptions:
+        """Options whose divergence hooks come from a tokenizer (e.g. a transformers one): its
+        `decode`, `all_special_ids` and `eos_token_id`, each used only when present."""
+        if tokenizer is None:
+            return cls.of(mode, turn_discount=turn_discount)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        return cls.of(
+            mode,
+            turn_discount=turn_discount,
+            decode=tokenizer.decode,
+            special_ids=getattr(tokenizer, "all_special_ids", None),
+            eos_ids=[eos] if eos is not None else None,
+        )

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from tito_agents.errors import CaptureError
+
+if TYPE_CHECKING:
+    from tito_agents.sessions import SessionNote  # sessions imports this module
 
 IdArray = npt.NDArray[np.int32]
 LogprobArray = npt.NDArray[np.float32]
@@ -75,8 +78,9 @@ class Call:
     messages: list[dict[str, Any]] | None = None
     """The chat messages of the request, kept in memory (not persisted) for drift checks."""
     tools: list[dict[str, Any]] | None = None
-    session: str | None = None
-    """In token-in session mode, how the prompt was made (`sessions.SessionNote`); else None."""
+    session: SessionNote | None = None
+    """In token-in session mode, how the prompt was made (`sessions.SessionNote`, equal to its
+    string: "first", "token_in", ...); else None."""
     session_reason: str | None = None
     """Why a session call fell back to server rendering (or was bridged)."""
     session_ms: float | None = None

@@ -31,6 +31,7 @@ their results, so the sync and async transports drive the same logic with their 
 from __future__ import annotations
 
 import contextlib
+import enum
 import threading
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
@@ -46,8 +47,13 @@ TokenizeResults = list[list[int] | None]
 Plan = Generator[TokenizeRequests, TokenizeResults, "SessionDecision"]
 
 
-class SessionNote:
-    """Values of `Call.session`: how the prompt of a call in session mode was made."""
+class SessionNote(enum.StrEnum):
+    """Values of `Call.session`: how the prompt of a call in session mode was made.
+
+    A `StrEnum`, unlike the configuration choices (`ErrorPolicy`, `AssemblyMode`): it is data on
+    every session call, documented and compared as the plain strings ("token_in", ...), so each
+    member equals, prints and serializes as its string.
+    """
 
     FIRST = "first"
     """The first call of a session: rendered by the server as usual."""
@@ -79,7 +85,7 @@ class SessionDecision:
     """What the request plan decided: the token prompt to send (or None) and the note."""
 
     prompt_ids: IdArray | None
-    note: str
+    note: SessionNote
     reason: str | None = None
 
 

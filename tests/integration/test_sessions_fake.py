@@ -11,6 +11,7 @@ from typing import Any
 import httpx2
 import numpy as np
 import openai
+import orjson
 import pytest
 
 import tito_agents as tito
@@ -122,6 +123,10 @@ def test_sessions_keep_every_turn_an_exact_prefix(drift_fake: FakeVLLM) -> None:
     assert [c.session for c in calls] == [SessionNote.FIRST] + [SessionNote.TOKEN_IN] * (
         len(calls) - 1
     )
+    # the notes are Enum members that still equal, print and serialize as the documented strings
+    assert [c.session for c in calls[:2]] == ["first", "token_in"]
+    assert isinstance(calls[1].session, SessionNote) and f"{calls[1].session}" == "token_in"
+    assert orjson.dumps(calls[1].session) == b'"token_in"'
     for prev, nxt in itertools.pairwise(calls):
         assert extends(prev, nxt), nxt.session_reason
     # the delta is exactly what the server's template renders for the appended messages

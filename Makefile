@@ -10,7 +10,7 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
 
-.PHONY: demo test test-fast e2e bench lint typecheck vllm vllm-stop dev clean sysdeps
+.PHONY: demo test test-core test-fast e2e bench lint typecheck vllm vllm-stop dev clean sysdeps
 
 # Real services the tests drive: Redis (sinks) and Chromium (the HTML sample inspector).
 SYSDEPS := redis-server:redis-server chromium:chromium
@@ -40,9 +40,18 @@ $(STAMP): pyproject.toml $(foreach p,$(INTEGRATIONS),$(p)/pyproject.toml)
 
 # Unit and fake-server tests, then the end-to-end tier against a real CPU vLLM (started and
 # stopped by the tests themselves; the first run installs it, several minutes).
-test: $(STAMP) sysdeps lint typecheck
+test: $(STAMP) sysdeps lint typecheck test-core
 	$(PY) -m pytest -m "not e2e"
 	$(PY) -m pytest -m e2e
+
+# The slim core stays slim: `pip install .` alone (no extras) plus the test tools, then the test
+# modules that need nothing else (tests/conftest.py lists them).
+CORE_VENV := .venv-core
+test-core:
+	rm -rf $(CORE_VENV) && $(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install -q . pytest pytest-asyncio hypothesis \
+	    2>&1 | grep -v '^WARNING: Location' || true
+	$(CORE_VENV)/bin/python -m pytest -p no:cacheprovider --core-only tests/unit
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not e2e"
@@ -77,4 +86,4 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) out .pytest_cache .mypy_cache .ruff_cache

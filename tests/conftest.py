@@ -1,0 +1,56 @@
+"""`--core-only`: run just the tests that need nothing beyond the core install (no extras).
+
+`make test` runs them in a virtual environment holding `pip install .` and the test tools alone,
+so a dependency that creeps into the core (an import of an extra) fails there. The list names
+modules, not tests: a module is core when everything it imports ships with the core install.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+CORE_MODULES = frozenset(
+    {
+        "test_capture_faults",
+        "test_capture_replay",
+        "test_cli_stats",
+        "test_collector_sink_failures",
+        "test_convert_advantages",
+        "test_convert_samples",
+        "test_convert_trl",
+        "test_merge",
+        "test_merge_properties",
+        "test_samples_sinks",
+        "test_sinks_codec",
+        "test_sinks_jsonl_faults",
+        "test_sinks_queue",
+        "test_speedups",
+        "test_wire",
+    }
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--core-only",
+        action="store_true",
+        help="collect only the test modules that run on the core install (no extras)",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if not config.getoption("--core-only") or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return collection_path.stem not in CORE_MODULES or None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.getoption("--core-only"):
+        found = {Path(str(item.path)).stem for item in session.items}
+        missing = CORE_MODULES - found
+        if missing:  # a renamed or deleted module must leave the list too
+            raise pytest.UsageError(f"core test modules not found: {sorted(missing)}")

@@ -17,6 +17,7 @@ BENCHMARKS = [
     ("merged assembly (issue 4)", "bench_assembly.py", []),
     ("token-in sessions (issue 5)", "bench_sessions.py", []),
     ("sinks (issue 6)", "bench_sinks.py", []),
+    ("delivery from a CPU-bound producer (issue 14)", "bench_delivery.py", []),
     ("stats command (issue 9)", "bench_stats.py", []),
     ("trainer converters (issue 10)", "bench_convert.py", []),
 ]

@@ -533,3 +533,26 @@ def test_spill_after_is_an_open_sink_option(tmp_path: Path) -> None:
     sink = open_sink(f"{tmp_path / 'out.jsonl'}?spill_after=0.25", buffered=True)
     assert isinstance(sink, BufferedSink) and sink.spill_after == 0.25
     sink.close()
+
+
+def test_a_producer_ahead_of_a_healthy_destination_gives_the_worker_its_turn(
+    flaky: FlakySink,
+) -> None:
+    """With pace_after samples waiting for a healthy but busy destination, write waits (without
+    the GIL) for the worker to take them, at most a short while; write_nowait never does."""
+    flaky.delay = 0.3
+    sink = BufferedSink(flaky, pace_after=3, batch_size=2, linger=0)
+    sink.write(make(1))
+    deadline = time.monotonic() + 5
+    while flaky.attempts == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the worker is inside inner.write with sample 0
+    sink.write(make(2, start=1))
+    assert sink.stats.paced_writes == 0  # 2 waiting: not behind yet
+    started = time.monotonic()
+    sink.write(make(1, start=3))  # 3 waiting: the worker is behind
+    waited = time.monotonic() - started
+    assert sink.stats.paced_writes == 1 and 0.05 <= waited <= 1.0
+    sink.write_nowait(make(2, start=4))
+    assert sink.stats.paced_writes == 1
+    sink.close()
+    assert flaky.received == ids(make(6))

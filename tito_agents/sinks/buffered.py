@@ -21,9 +21,14 @@ backoff and jitter. Unlike a telemetry exporter it never drops a sample:
 A retried batch may reach the destination twice (it was stored but the reply was lost); readers
 remove duplicates by `sample_id`, so what they see is exactly once.
 
-Each `inner.write` gets everything waiting, up to `batch_size` samples and `batch_bytes`: on a
-producer whose event loop keeps the GIL busy, the worker gets the GIL back only every switch
-interval or so, so it must do as much as it can with each turn (see benchmarks/bench_delivery.py).
+The worker shares the GIL with the producer. A producer whose event loop never waits (CPU-bound
+episodes) starves it: after every blocking call (a reply from the destination, a wait for work)
+the worker gets the GIL back only after a switch interval, and it falls behind by seconds while
+the buffer fills (measured: benchmarks/bench_delivery.py). So each `inner.write` takes everything
+waiting (up to `batch_size` samples and `batch_bytes`), and once `pace_after` samples wait in memory
+for a healthy destination, `write` / `awrite` give the worker its turn: they wait, without the
+GIL, until it has taken them (at most `_PACE_TIMEOUT` per call). The producer then runs at the
+speed export allows instead of piling up lag. `write_nowait` never paces.
 
 Threading: every method may be called from any thread; `inner` is only ever called from the worker
 thread. Blocking: `write` returns at once unless the buffer is full and no spill log is configured
@@ -101,11 +106,18 @@ class ExportStats:
     """Spill appends that failed (e.g. the spill disk is full too); those writes waited instead."""
     refused_writes: int = 0
     """`write_nowait` calls that found no room and raised (the caller kept the samples)."""
+    paced_writes: int = 0
+    """`write` / `awrite` calls that gave the worker its turn (it was `pace_after` behind)."""
+    paced_seconds: float = 0.0
     last_error: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
+
+_PACE_TIMEOUT = 0.1
+"""The longest one `write` waits for the worker to catch up (a slow destination is not paced
+beyond it: memory grows, then spills at the bound)."""
 
 _instances: weakref.WeakSet[BufferedSink] = weakref.WeakSet()
 
@@ -139,6 +151,8 @@ class BufferedSink(Sink):
     spill_after: seconds from the first failed delivery attempt after which samples stop waiting
         in memory and go to the spill log (the most a producer killed during an outage can lose;
         0: at the first failure). Ignored without `spill_dir`.
+    pace_after: samples waiting in memory, destination healthy, at which `write` / `awrite` wait
+        for the worker to take them (see the module docstring); None: never.
     close_timeout: default seconds `close` waits for delivery before spilling the rest.
     """
 
@@ -153,6 +167,7 @@ class BufferedSink(Sink):
         linger: float = 0.01,
         spill_dir: str | os.PathLike[str] | None = None,
         spill_after: float = 1.0,
+        pace_after: int | None = 256,
         retry: RetryPolicy | None = None,
         block_timeout: float | None = None,
         close_timeout: float = 60.0,
@@ -170,6 +185,7 @@ class BufferedSink(Sink):
         self.batch_bytes = batch_bytes
         self.linger = linger
         self.spill_after = spill_after
+        self.pace_after = pace_after
         self.retry = retry or RetryPolicy()
         self.block_timeout = block_timeout
         self.close_timeout = close_timeout
@@ -272,6 +288,36 @@ class BufferedSink(Sink):
                 self._check_open()
             if waited_since is not None:
                 self.stats.blocked_seconds += time.monotonic() - waited_since
+            self._pace_locked()
+
+    def _behind(self) -> bool:
+        """The worker is `pace_after` samples behind a healthy destination."""
+        return (
+            self.pace_after is not None
+            and len(self._memory) >= self.pace_after
+            and self._failing_since is None
+            and not self._spilling
+            and not self._closing
+        )
+
+    def _pace_locked(self) -> None:
+        """Give the worker its turn: wait, the GIL released, until it took what waits in memory
+        (at most `_PACE_TIMEOUT`). Called with the lock."""
+        if not self._behind():
+            return
+        started = time.monotonic()
+        deadline = started + _PACE_TIMEOUT
+        while self._behind():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._cond.wait(remaining)
+        self.stats.paced_writes += 1
+        self.stats.paced_seconds += time.monotonic() - started
+
+    def _pace(self) -> None:
+        with self._cond:
+            self._pace_locked()
 
     def write_nowait(self, samples: Sequence[Sample]) -> None:
         """Accept samples like `write`, but never wait for room.
@@ -302,8 +348,9 @@ class BufferedSink(Sink):
     async def awrite(self, samples: Sequence[Sample]) -> None:
         """`write` for coroutines: the event loop never waits.
 
-        Samples that fit in memory are accepted inline; a spill append (disk I/O) or a wait for
-        room (backpressure, `block_timeout`) runs in a thread, with `write`'s semantics.
+        Samples that fit in memory are accepted inline; a spill append (disk I/O), a wait for
+        room (backpressure, `block_timeout`) or pacing (`pace_after`) runs in a thread, with
+        `write`'s semantics.
         """
         if not samples:
             return
@@ -312,9 +359,12 @@ class BufferedSink(Sink):
         with self._cond:
             self._check_open()
             self._start_worker()
-            if self._enqueue_memory_if_room(batch, nbytes):
-                return
-        await asyncio.to_thread(self.write, batch)
+            accepted = self._enqueue_memory_if_room(batch, nbytes)
+            behind = self._behind()
+        if not accepted:
+            await asyncio.to_thread(self.write, batch)
+        elif behind:  # this coroutine waits; the others run on, until they wait too
+            await asyncio.to_thread(self._pace)
 
     def _fits(self, count: int, nbytes: int) -> bool:
         if not self._memory:
@@ -579,6 +629,7 @@ class BufferedSink(Sink):
                     continue  # memory may have moved to the spill log meanwhile
                 batch = self._take_memory_locked()
                 self._inflight = len(batch)
+                self._cond.notify_all()  # paced writers: the worker took its turn
                 return batch, None
             if self._spill is not None and self._spilling:
                 spilled = self._spill.read_batch(self.batch_size, self.batch_bytes)

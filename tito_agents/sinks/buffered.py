@@ -32,8 +32,9 @@ speed export allows instead of piling up lag. `write_nowait` never paces.
 
 Threading: every method may be called from any thread; `inner` is only ever called from the worker
 thread. Blocking: `write` returns at once unless the buffer is full and no spill log is configured
-(or the spill append fails); `write_nowait` raises a retryable `SinkError` there instead of
-waiting. `flush` and `close` block until delivery (see their docstrings).
+(or the spill append fails), or it paces (above); `write_nowait` never waits: it raises a retryable
+`SinkError` where `write` would wait for room, and never paces. `flush` and `close` block until
+delivery (see their docstrings).
 """
 
 from __future__ import annotations
@@ -252,7 +253,9 @@ class BufferedSink(Sink):
     # ---- hot path ----
 
     def write(self, samples: Sequence[Sample]) -> None:
-        """Accept samples for delivery; returns at once unless backpressure applies."""
+        """Accept samples for delivery; returns at once unless backpressure applies: no room and
+        no spill log (waits, `block_timeout`), or the worker `pace_after` samples behind a healthy
+        destination (waits for it to take them, at most `_PACE_TIMEOUT`)."""
         if not samples:
             return
         batch = list(samples)

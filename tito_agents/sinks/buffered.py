@@ -176,6 +176,8 @@ class BufferedSink(Sink):
     ) -> None:
         if max_buffer_samples < 1 or batch_size < 1 or batch_bytes < 1:
             raise ConfigurationError("max_buffer_samples, batch_size and batch_bytes must be >= 1")
+        if pace_after is not None and pace_after < 1:
+            raise ConfigurationError(f"pace_after must be >= 1 sample or None, not {pace_after}")
         if not spill_after >= 0:
             raise ConfigurationError(f"spill_after must be >= 0 seconds, not {spill_after}")
         self.inner = inner

@@ -221,17 +221,24 @@ class _ChoiceAccumulator:
 
 
 def to_ids(value: Any, what: str) -> IdArray:
-    """Convert a JSON id list to int32, rejecting anything that is not a non-negative integer."""
+    """Convert a parsed JSON id list to int32, rejecting anything that is not a JSON integer in
+    [0, 2**31): floats, strings, and booleans, which Python and numpy would take as 1 and 0.
+
+    The list is written back as compact JSON and read by `_id_array`, the reader of the cut-out
+    arrays of long bodies, so every path has one definition of an id (and this is faster than
+    `np.array` on a list of Python ints)."""
     if not isinstance(value, list):
         raise MalformedResponseError(f"{what} is {type(value).__name__}, expected a list of ints")
-    if not value:
-        return np.zeros(0, dtype=np.int32)
-    arr = np.array(value)
-    if arr.dtype.kind not in "iu" or arr.ndim != 1:
-        raise MalformedResponseError(f"{what} holds non-integer values")
-    if int(arr.min()) < 0 or int(arr.max()) > _MAX_ID:
-        raise MalformedResponseError(f"{what} holds ids outside [0, 2**31)")
-    return arr.astype(np.int32, copy=False)
+    try:
+        text = orjson.dumps(value)
+    except orjson.JSONEncodeError:  # an int beyond 64 bits: not an id either
+        text = b"[-1]"
+    ids = _id_array(memoryview(text)[1:-1])
+    if ids is None:
+        if all(type(v) is int for v in value):
+            raise MalformedResponseError(f"{what} holds ids outside [0, 2**31)")
+        raise MalformedResponseError(f"{what} holds values that are not integers")
+    return ids
 
 
 def _chat_logprobs(logprobs: Any, what: str) -> LogprobArray | None:
@@ -509,6 +516,10 @@ class ResponseParser:
         elif ids is not _ABSENT:
             if type(ids) is not list:
                 raise MalformedResponseError("streamed token_ids is not a list")
+            # array("i") takes True and False as 1 and 0: `in` compares by value, so ids 1 and 0
+            # also get here, where the types are looked at
+            if (True in ids or False in ids) and bool in map(type, ids):
+                raise MalformedResponseError("streamed token_ids hold booleans, not integers")
             # array("i") refuses non-integers (TypeError) and ids >= 2**31 (OverflowError);
             # negative ids are looked for once, in finish_stream
             acc.ids.extend(ids)
@@ -587,6 +598,8 @@ _ID_KEY = b'token_ids":['
 _CONTENT_KEY = b'"logprobs":{"content":['
 _CONTENT_END = b']},"finish_reason":'
 _MARK = "\x00tito:"
+_NUL = b"\\u0000"
+"""How NUL, which starts every marker, appears in JSON text (a raw NUL byte is invalid JSON)."""
 
 
 def _marker(i: int) -> bytes:
@@ -618,6 +631,30 @@ except ImportError:  # pragma: no cover - depends on the install
     _speedups = None  # type: ignore[assignment]
 
 
+def _id_array(text: bytes | memoryview) -> IdArray | None:
+    """The ids of the text between the brackets of a JSON id list, or None when it is not only
+    JSON integers in [0, 2**31) (a float, a string, `true`, a sign...).
+
+    With the C helper: one pass (JSON whitespace allowed). Without it, numpy's text parser on
+    compact JSON only (what vLLM sends: digits and single commas), since numpy reads "1, ,2" as
+    [1, 0, 2]."""
+    if _speedups is not None:  # one pass in C: validation and values
+        parsed = _speedups.parse_ids(text)
+        return None if parsed is None else np.frombuffer(parsed, dtype=np.int32)
+    text = bytes(text)
+    if not text:
+        return np.zeros(0, dtype=np.int32)
+    if text.translate(None, _DIGITS) or text[0] not in _DIGIT_BYTES or text[-1] not in _DIGIT_BYTES:
+        return None
+    try:  # an empty item (",,") is text numpy cannot read to the end: ValueError
+        values = _parse_int_text(text)
+    except ValueError:
+        return None
+    if values.max() > _MAX_ID:  # numpy saturates at 2**63 - 1, so this sees every overflow
+        return None
+    return values.astype(np.int32)
+
+
 def _parse_int_text(segment: bytes) -> npt.NDArray[np.int64]:
     """`np.fromstring` of comma-separated ints; raises ValueError on text it cannot read whole."""
     if _FROMSTRING_RAISES:
@@ -633,10 +670,15 @@ def _parse_int_text(segment: bytes) -> npt.NDArray[np.int64]:
 class _BodySegments:
     """A JSON body with its long arrays cut out and replaced by marker strings.
 
-    `token_ids` arrays become int32 arrays through numpy's text parser, so the JSON parser builds no
-    Python int per token; chat logprob entries are parsed on their own, only when present. The cut points are
-    found by byte search: the keys contain quotes, which cannot occur unescaped inside a string.
-    The cut-out arrays are views of the body, not copies.
+    `token_ids` arrays become int32 arrays through `_id_array`, so the JSON parser builds no
+    Python int per token; chat logprob entries are parsed on their own, only when present. The cut
+    points are found by byte search: the keys contain quotes, which cannot occur unescaped inside a
+    string. The cut-out arrays are views of the body, not copies.
+
+    A marker is a JSON string starting with NUL. The server's text can only hold NUL as the escape
+    `\\u0000`; a body with one anywhere outside the cut-out arrays is not split (it parses whole),
+    so no string a server sends, as a value or a key, can be taken for a marker, and no marker text
+    can be found in the server's own strings when `restore` puts the arrays back.
     """
 
     __slots__ = ("_pieces", "_raw", "skeleton")
@@ -683,6 +725,11 @@ class _BodySegments:
         if not raw:
             return None
         pieces.append(body[pos:])
+        if any(_NUL in piece for piece in pieces):
+            # a string of the server's may hold NUL (JSON writes it only as \u0000), so it could
+            # equal a marker: no markers then. Otherwise every string the skeleton parses to that
+            # starts with `_MARK` is a marker this split put exactly where its array was cut out.
+            return None
         return cls(pieces, raw)
 
     def join(self, nulled: set[int]) -> bytes:
@@ -723,33 +770,11 @@ class _BodySegments:
 
     def ids(self, marker: str) -> IdArray:
         """The ids of a cut-out array; `_FallBack` when the text is not plain JSON integers in
-        [0, 2**31), so the full parser accepts valid JSON and names the problem in the rest.
-
-        With the C helper: one pass (JSON whitespace allowed). Without it, numpy's text parser on
-        compact JSON only (what vLLM sends: digits and single commas), since numpy reads
-        "1, ,2" as [1, 0, 2]."""
-        segment = self._segment(marker)
-        if _speedups is not None:  # one pass in C: validation and values
-            parsed = _speedups.parse_ids(segment)
-            if parsed is None:
-                raise _FallBack
-            return np.frombuffer(parsed, dtype=np.int32)
-        text = segment.tobytes()
-        if not text:
-            return np.zeros(0, dtype=np.int32)
-        if (
-            text.translate(None, _DIGITS)
-            or text[0] not in _DIGIT_BYTES
-            or text[-1] not in _DIGIT_BYTES
-        ):
+        [0, 2**31), so the full parser accepts valid JSON and names the problem in the rest."""
+        ids = _id_array(self._segment(marker))
+        if ids is None:
             raise _FallBack
-        try:  # an empty item (",,") is text numpy cannot read to the end: ValueError
-            values = _parse_int_text(text)
-        except ValueError:
-            raise _FallBack from None
-        if values.max() > _MAX_ID:  # numpy saturates at 2**63 - 1, so this sees every overflow
-            raise _FallBack
-        return values.astype(np.int32)
+        return ids
 
     def logprobs(self, marker: str) -> LogprobArray:
         segment = self._segment(marker)
@@ -760,22 +785,41 @@ class _BodySegments:
         return _chat_logprobs({"content": content}, "logprobs")  # type: ignore[return-value]
 
 
-class SSEDecoder:
-    """Incremental Server-Sent Events decoder: bytes in, `data:` payloads out.
+_BOM = b"\xef\xbb\xbf"
+_START, _AFTER_CR = 1, 2
+"""`SSEDecoder` states besides the usual 0: the stream's first bytes (a BOM may begin them), and
+just after a chunk that ended with CR (an LF starting the next chunk ends the same line)."""
 
-    Tolerates CRLF, comment lines and `event:` lines; `[DONE]` is reported as the string "[DONE]".
+
+class SSEDecoder:
+    """Incremental Server-Sent Events decoder: bytes in, `data:` payloads out, as the WHATWG event
+    stream interpretation reads them, whatever the chunk boundaries.
+
+    Lines end with LF, CRLF or a bare CR; a CR that ends one chunk and an LF that starts the next
+    are one line end (so the event is complete at the CR, as an eager client like the openai SDK
+    sees it, and the LF is not a second, event-ending, blank line). Comment lines and other fields
+    (`event:`, `id:`) are skipped, several `data:` lines join with LF, one leading BOM is dropped.
+    `[DONE]` is reported as the payload b"[DONE]".
+
+    Line ends are normalized to LF as bytes arrive, so events split on b"\n\n" in one C call per
+    chunk; a chunk with no CR (what vLLM sends) takes no extra pass.
     """
 
-    __slots__ = ("_buffer",)
+    __slots__ = ("_buffer", "_state")
 
     def __init__(self) -> None:
         self._buffer = b""
+        self._state = _START
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add bytes; return the data payloads of every event completed by them."""
+        if self._state:
+            data = self._edge(data)
+        if b"\r" in data:
+            if data[-1:] == b"\r":
+                self._state = _AFTER_CR
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         buffer = self._buffer + data if self._buffer else data
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n")
         *events, self._buffer = buffer.split(b"\n\n")  # one C call for a chunk of many events
         out: list[bytes] = []
         for event in events:
@@ -787,19 +831,50 @@ class SSEDecoder:
                     out.append(payload)
         return out
 
-    def flush(self) -> list[bytes]:
-        """Payload of a final event that was not followed by a blank line."""
-        rest, self._buffer = self._buffer.strip(), b""
+    def _edge(self, data: bytes) -> bytes:
+        """`data` without what belongs to the state: a leading BOM, or the LF of a CRLF whose CR
+        ended the previous chunk. Rare, so kept off the per-chunk path."""
+        if self._state == _AFTER_CR:
+            if not data:
+                return data  # an empty read: the next byte may still be that LF
+            self._state = 0
+            return data[1:] if data[:1] == b"\n" else data
+        head = self._buffer + data  # the stream's first bytes, fewer than 3 so far
+        if len(head) < 3 and _BOM.startswith(head):
+            self._buffer = head  # too short to know whether a BOM begins the stream
+            return b""
+        self._state, self._buffer = 0, b""
+        return head[3:] if head.startswith(_BOM) else head
+
+    def flush(self, *, complete_lines: bool = False) -> list[bytes]:
+        """The payload of the event left pending, as if a blank line followed.
+
+        At the end of the body (default) its last line counts even without a line end (lenient: a
+        server may omit the final newline). When the caller closes the stream early
+        (`complete_lines`), only lines whose end arrived count: a client that reads lines, such as
+        one that stops at the line `data: [DONE]`, may close before the blank line that follows."""
+        rest, self._buffer = self._buffer, b""
+        if self._state == _START:
+            self._state = 0
+            rest = rest.removeprefix(_BOM)  # the partial BOM itself cannot end a line
+        if complete_lines:
+            rest = rest[: rest.rfind(b"\n") + 1]
         payload = _event_data(rest) if rest else None
         return [payload] if payload is not None else []
 
 
 def _event_data(event: bytes) -> bytes | None:
-    if event.startswith(b"data:") and b"\n" not in event:
-        return event[6:] if event[5:6] == b" " else event[5:]
-    lines = [
-        (line[6:] if line[5:6] == b" " else line[5:])
-        for line in event.split(b"\n")
-        if line.startswith(b"data:")
-    ]
-    return b"\n".join(lines) if lines else None
+    """The data of one event (its lines, LF-separated), or None when it has no `data` field.
+
+    A line is a field `name:value` (one space after the colon is dropped) or a bare `name`; only
+    `data` fields count; lines starting with ":" are comments."""
+    data: bytes | None = None
+    for line in event.split(b"\n"):
+        if line[:5] == b"data:":
+            value = line[6:] if line[5:6] == b" " else line[5:]
+        elif line == b"data":
+            value = b""
+        else:
+            continue
+        data = value if data is None else data + b"\n" + value
+    return data

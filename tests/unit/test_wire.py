@@ -211,3 +211,164 @@ def test_sse_decoder_is_independent_of_chunk_boundaries(cuts: list[int], crlf: b
     got += decoder.feed(data[pos:]) + decoder.flush()
     assert got == want
     assert orjson.loads(got[0])["choices"][0]["index"] == 0
+
+
+# ---- ids are JSON integers, never booleans ---------------------------------------------------
+
+BOOLEAN_IDS = [[True, False], [448, True, 2], [0, False]]
+
+
+def completions_body(prompt: list[Any], ids: list[Any]) -> bytes:
+    """A vLLM 0.32-shaped non-streaming completions body."""
+    choice = {
+        "index": 0,
+        "text": "x",
+        "logprobs": None,
+        "finish_reason": "length",
+        "stop_reason": None,
+        "token_ids": ids,
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt,
+    }
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}
+    body = {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [choice]}
+    return orjson.dumps({**body, "usage": usage})
+
+
+def body_with_ids(endpoint: Endpoint, field: str, bad: list[Any], long: bool) -> bytes:
+    """A body whose `field` holds `bad`; `long`: over 2 KB, so the cut-out path reads it."""
+    filler = list(range(100, 800)) if long else [100, 101]
+    prompt, ids = (bad, filler) if field == "prompt_token_ids" else (filler, bad)
+    if endpoint is Endpoint.CHAT:
+        data = json.loads(chat_body([0], [[0]], False))
+        data["prompt_token_ids"], data["choices"][0]["token_ids"] = prompt, ids
+        data["usage"]["completion_tokens"] = len(ids)
+        return orjson.dumps(data)
+    return completions_body(prompt, ids)
+
+
+def request_info(endpoint: Endpoint, *, stream: bool = False, logprobs: bool = False) -> Any:
+    payload = {"model": "m", "stream": stream}
+    payload.update({"messages": []} if endpoint is Endpoint.CHAT else {"prompt": "p"})
+    prepared = prepare_request(endpoint, orjson.dumps(payload), capture_logprobs=logprobs)
+    assert prepared is not None
+    return prepared[1]
+
+
+@pytest.mark.parametrize("bad", BOOLEAN_IDS, ids=["bools", "mixed", "zero-false"])
+@pytest.mark.parametrize("field", ["token_ids", "prompt_token_ids"])
+@pytest.mark.parametrize("endpoint", [Endpoint.CHAT, Endpoint.COMPLETIONS], ids=["chat", "cmpl"])
+@pytest.mark.parametrize("long", [False, True], ids=["short", "long"])
+@pytest.mark.parametrize("kind", [*ID_PARSERS, "python"])
+def test_booleans_are_never_ids_in_a_body(
+    bad: list[Any], field: str, endpoint: Endpoint, long: bool, kind: str
+) -> None:
+    """`true`/`false` among ids is a typed error whatever reads the body: the whole-body parse,
+    the cut-out arrays read by the C helper or by numpy, or `to_ids` itself ("python")."""
+    if kind == "python":
+        for parser in ID_PARSERS:
+            with id_parser(parser), pytest.raises(MalformedResponseError):
+                _wire.to_ids(bad, field)
+        return
+    body = body_with_ids(endpoint, field, bad, long)
+    assert (len(body) >= 2048) is long
+    with id_parser(kind):
+        try:
+            parsed = ResponseParser(request_info(endpoint)).parse_body(body)
+        except MalformedResponseError:
+            return  # chat prompt ids are read before the choices: the body fails as a whole
+    assert [type(c.error) for c in parsed] == [MalformedResponseError]
+
+
+def stream_events(endpoint: Endpoint, prompt: list[Any], ids: list[Any]) -> list[dict[str, Any]]:
+    """The events of a one-choice stream: its prompt ids where vLLM puts them, then `ids`."""
+    if endpoint is Endpoint.CHAT:
+        first = {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}
+        first["prompt_token_ids"] = prompt
+        chunk = {"index": 0, "delta": {"content": "x"}, "finish_reason": "stop", "token_ids": ids}
+        return [first, {"id": "c", "choices": [chunk]}]
+    choice = {"index": 0, "text": "x", "finish_reason": "length", "prompt_token_ids": prompt}
+    return [{"id": "c", "choices": [{**choice, "token_ids": ids}]}]
+
+
+@pytest.mark.parametrize("bad", BOOLEAN_IDS, ids=["bools", "mixed", "zero-false"])
+@pytest.mark.parametrize("field", ["token_ids", "prompt_token_ids"])
+@pytest.mark.parametrize("endpoint", [Endpoint.CHAT, Endpoint.COMPLETIONS], ids=["chat", "cmpl"])
+def test_booleans_are_never_ids_in_a_stream(bad: list[Any], field: str, endpoint: Endpoint) -> None:
+    """Streamed delta ids and streamed prompt ids: the same typed error, no sampled ids."""
+    good = [448, 316]
+    prompt, ids = (bad, good) if field == "prompt_token_ids" else (good, bad)
+    parser = ResponseParser(request_info(endpoint, stream=True))
+    for event in stream_events(endpoint, prompt, ids):
+        parser.feed_event(orjson.loads(orjson.dumps(event)))
+    (choice,) = parser.finish_stream()
+    assert isinstance(choice.error, MalformedResponseError)
+    assert choice.sampled_ids is None
+
+
+def test_ids_one_and_zero_are_still_ids() -> None:
+    """The boolean check compares by type: the ids 1 and 0 themselves are kept."""
+    parser = ResponseParser(request_info(Endpoint.CHAT, stream=True))
+    for event in stream_events(Endpoint.CHAT, [1, 0], [0, 1, 2]):
+        parser.feed_event(event)
+    (choice,) = parser.finish_stream()
+    assert choice.error is None and choice.sampled_ids is not None
+    assert choice.sampled_ids.tolist() == [0, 1, 2]
+    assert _wire.to_ids([1, 0], "ids").tolist() == [1, 0]
+
+
+# ---- the cut-out markers cannot collide with what a server sends -----------------------------
+
+MARKER_TEXTS = ["\x00tito:0", "\x00tito:1", "\x00tito:2"]
+
+
+def place_marker(data: dict[str, Any], place: str, text: str) -> None:
+    choice = data["choices"][0]
+    if place == "content":
+        choice["message"]["content"] = text
+    elif place == "tool-arguments":
+        function = {"name": "get_weather", "arguments": text}
+        choice["message"]["tool_calls"] = [{"id": "c1", "type": "function", "function": function}]
+    elif place == "kv_transfer_params":
+        data["kv_transfer_params"] = {"prompt_token_ids": text, "note": text}
+    elif place == "key":
+        data["metrics"] = {text: [7, 8], "x": {text: text}}
+    else:  # the sampled ids themselves, with usage fitting what the marker would stand for
+        choice["token_ids"] = text
+        data["usage"]["completion_tokens"] = len(data["prompt_token_ids"])
+
+
+@pytest.mark.parametrize("text", MARKER_TEXTS, ids=["m0", "m1", "m2"])
+@pytest.mark.parametrize(
+    "place", ["content", "tool-arguments", "kv_transfer_params", "key", "token_ids"]
+)
+@pytest.mark.parametrize("long", [False, True], ids=["short", "long"])
+@pytest.mark.parametrize("capture_logprobs", [False, True], ids=["ids", "ids+logprobs"])
+@pytest.mark.parametrize("kind", ID_PARSERS)
+def test_marker_shaped_strings_from_the_server_are_only_strings(
+    text: str, place: str, long: bool, capture_logprobs: bool, kind: str
+) -> None:
+    """A server string equal to capture's internal marker, anywhere (a value, a key, where the ids
+    belong): the caller's body is the server's, byte for byte, but for the fields capture added;
+    the recorded ids are the real ones, or a typed error where the ids are that string."""
+    prompt, ids = (list(range(600)) if long else [1, 2, 3]), [5, 6, 7]
+    data = json.loads(chat_body(prompt, [ids], capture_logprobs))
+    place_marker(data, place, text)
+    body = orjson.dumps(data)
+    assert (len(body) >= 2048) is long
+    parser = ResponseParser(request_info(Endpoint.CHAT, logprobs=capture_logprobs))
+    with id_parser(kind):
+        (choice,) = parser.parse_body(body)
+        caller = parser.caller_body()
+    want = json.loads(body)
+    want["prompt_token_ids"] = want["choices"][0]["token_ids"] = None
+    if capture_logprobs:
+        want["choices"][0]["logprobs"] = None
+    assert caller == orjson.dumps(want)
+    if place == "token_ids":
+        assert isinstance(choice.error, MalformedResponseError)
+        assert choice.sampled_ids is None
+        return
+    assert choice.error is None
+    assert choice.prompt_ids is not None and choice.prompt_ids.tolist() == prompt
+    assert choice.sampled_ids is not None and choice.sampled_ids.tolist() == ids

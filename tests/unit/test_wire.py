@@ -248,8 +248,11 @@ def body_with_ids(endpoint: Endpoint, field: str, bad: list[Any], long: bool) ->
 
 
 def request_info(endpoint: Endpoint, *, stream: bool = False, logprobs: bool = False) -> Any:
-    payload = {"model": "m", "stream": stream}
-    payload.update({"messages": []} if endpoint is Endpoint.CHAT else {"prompt": "p"})
+    payload: dict[str, Any] = {"model": "m", "stream": stream}
+    if endpoint is Endpoint.CHAT:
+        payload["messages"] = []
+    else:
+        payload["prompt"] = "p"
     prepared = prepare_request(endpoint, orjson.dumps(payload), capture_logprobs=logprobs)
     assert prepared is not None
     return prepared[1]

@@ -12,6 +12,8 @@ import httpx2
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CAPTURES = REPO_ROOT / "tests" / "data" / "captures"
+REAL_VLLM = REPO_ROOT / "tests" / "data" / "real_vllm"
+"""Captures of a real vLLM 0.32 serving SmolLM2-135M (same file format, real English and ids)."""
 BASE_URL = "http://vllm.test:8000/v1"
 
 
@@ -35,8 +37,8 @@ class Capture:
         return json.loads(self.body)
 
 
-def load_capture(name: str) -> Capture:
-    raw = (CAPTURES / f"{name}.txt").read_bytes()
+def load_capture(name: str, directory: Path = CAPTURES) -> Capture:
+    raw = (directory / f"{name}.txt").read_bytes()
     head, body = raw.split(b"\n\n", 1)
     lines = head.decode().splitlines()
     path = lines[0].split(" ", 1)[1]

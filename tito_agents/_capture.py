@@ -7,13 +7,14 @@ teed SSE stream) and turning parsed choices into `Call` records handed to the ep
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import orjson
@@ -193,9 +194,29 @@ class CaptureCore:
             logger.warning("could not rebuild the response body; passing it on", exc_info=True)
             return None
 
-    def open_stream(self, pending: PendingCall, status: int) -> StreamTee:
-        """A tee for an SSE response: fed with each raw byte chunk as it passes to the caller."""
-        return StreamTee(self, pending, status)
+    def open_stream(
+        self,
+        pending: PendingCall,
+        status: int,
+        *,
+        decompressor: Decompressor | None = None,
+        unreadable: str | None = None,
+    ) -> StreamTee:
+        """A tee for an SSE response: fed with each raw byte chunk as it passes to the caller.
+
+        A server (or proxy) may compress the stream although capture asked for `identity`: the
+        tee then reads it through `decompressor` (the caller's client decodes its own copy), or,
+        when the encoding `unreadable` names cannot be decoded, records the call unusable with
+        that reason, through the error policy."""
+        refused = None if unreadable is None else _undecodable(unreadable)
+        return StreamTee(self, pending, status, decompressor, refused)
+
+    def refuse_body(self, pending: PendingCall, status: int, unreadable: str) -> None:
+        """A non-streaming body in an encoding capture cannot decode: recorded unusable with that
+        reason (the caller gets the response as it came)."""
+        parser = ResponseParser(pending.info)
+        failed = [_failed_choice(_undecodable(unreadable))]
+        self._record(pending, parser, failed, status, stream=False)
 
     def _record(
         self,
@@ -306,6 +327,22 @@ class CaptureCore:
             self.collector.learned_end_of_turn.setdefault(model, session.end_of_turn_id)
 
 
+class Decompressor(Protocol):
+    """Incremental decoding of a compressed body, as the transport's HTTP library does it."""
+
+    def decode(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+def _undecodable(encoding: str) -> MalformedResponseError:
+    return MalformedResponseError(
+        f"the server sent the body with content-encoding {encoding!r} although capture asked for "
+        "'identity', and the HTTP client has no decoder for it.",
+        fix="make the server or proxy honour accept-encoding: identity for vLLM hosts",
+    )
+
+
 def _failed_choice(error: CaptureError) -> ParsedChoice:
     return ParsedChoice(
         index=0,
@@ -322,14 +359,34 @@ class StreamTee:
     """Watches an SSE response pass by: decodes events, accumulates ids per choice, never buffers
     what the caller reads. `end()` on a clean end of stream, `close()` when the caller closes."""
 
-    __slots__ = ("_core", "_decoder", "_done", "_error", "_parser", "_pending", "_status")
+    __slots__ = (
+        "_core",
+        "_decoder",
+        "_decompressor",
+        "_done",
+        "_error",
+        "_parser",
+        "_pending",
+        "_refused",
+        "_status",
+    )
 
-    def __init__(self, core: CaptureCore, pending: PendingCall, status: int) -> None:
+    def __init__(
+        self,
+        core: CaptureCore,
+        pending: PendingCall,
+        status: int,
+        decompressor: Decompressor | None = None,
+        refused: CaptureError | None = None,
+    ) -> None:
         self._core = core
         self._pending = pending
         self._status = status
         self._parser = ResponseParser(pending.info)
         self._decoder = SSEDecoder()
+        self._decompressor = decompressor
+        self._refused = refused
+        """Why this stream cannot be read at all (recorded at its first byte, end or close)."""
         self._done = False
         self._error: CaptureError | None = None
 
@@ -339,13 +396,27 @@ class StreamTee:
             return
         if self._pending.first_byte_at is None:
             self._pending.first_byte_at = time.time()
+            if self._refused is not None:
+                self._fail(self._refused)
+                return
         try:
+            if self._decompressor is not None:
+                data = self._decompress(data, flush=False)
             self._absorb(self._decoder.feed(data))
         except CaptureError as exc:
             self._fail(exc)
             return
         if self._done:
             self._complete()
+
+    def _decompress(self, data: bytes, *, flush: bool) -> bytes:
+        decompressor = self._decompressor
+        assert decompressor is not None
+        try:
+            out = decompressor.decode(data)
+            return out + decompressor.flush() if flush else out
+        except Exception as exc:  # the library's own decoding error, whatever its type
+            raise MalformedResponseError(f"the compressed stream does not decode: {exc}") from exc
 
     def _absorb(self, payloads: list[bytes]) -> None:
         """Feed decoded event payloads to the parser (a loop here, not a call per event: this
@@ -371,8 +442,12 @@ class StreamTee:
         """The inner stream ended cleanly. Complete only if `[DONE]` arrived."""
         if self._pending.finished:
             return
+        if self._refused is not None:
+            self._fail(self._refused)
+            return
         try:
-            self._absorb(self._decoder.flush())
+            tail = self._decompress(b"", flush=True) if self._decompressor is not None else b""
+            self._absorb(self._decoder.feed(tail) + self._decoder.flush())
         except CaptureError as exc:
             self._fail(exc)
             return
@@ -388,8 +463,20 @@ class StreamTee:
         self._core._record(self._pending, self._parser, choices, self._status, stream=True)
 
     def close(self, reason: str = "the caller closed the stream before it finished") -> None:
-        """The caller closed, cancelled or broke off the stream: record it as incomplete."""
+        """The caller closed, cancelled or broke off the stream: record it as incomplete, unless
+        `[DONE]` is in what arrived. A caller may stop at `[DONE]` before the bytes that end its
+        event are read (a CR's LF, the blank line after `data: [DONE]`): what arrived is read to
+        its last complete line first, so a finished stream is never incomplete."""
         if self._pending.finished:
+            return
+        if self._refused is not None:
+            self._fail(self._refused)
+            return
+        # a broken event in what is left of an abandoned stream: the stream is incomplete
+        with contextlib.suppress(CaptureError):
+            self._absorb(self._decoder.flush(complete_lines=True))
+        if self._done:
+            self._complete()
             return
         choices = self._parser.finish_stream() or [_failed_choice(IncompleteCallError(reason))]
         for choice in choices:

@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 import types
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import anyio
@@ -48,6 +48,51 @@ def _decide(core: CaptureCore, request: Any) -> tuple[bytes, PendingCall] | None
         return None
     new_body, pending = decision
     return (body if new_body is None else new_body), pending
+
+
+def _joined(out: bytes | Iterable[bytes]) -> bytes:
+    return out if isinstance(out, bytes) else b"".join(out)
+
+
+class _Decoders:
+    """The content decoders of one response as one incremental decoder for the stream tee.
+
+    They are the HTTP library's own (its private `_decoders`), so capture reads exactly what the
+    caller's client decodes from the same bytes. Encodings apply in the order listed, so the last
+    is undone first. httpx's decoders return bytes, httpx2's yield bounded pieces: both are read
+    as bytes here."""
+
+    __slots__ = ("_chain",)
+
+    def __init__(self, decoders: list[Any]) -> None:
+        self._chain = decoders[::-1]
+
+    def decode(self, data: bytes) -> bytes:
+        for decoder in self._chain:
+            data = _joined(decoder.decode(data))
+        return data
+
+    def flush(self) -> bytes:
+        data = b""
+        for decoder in self._chain:
+            data = _joined(decoder.decode(data)) + _joined(decoder.flush())
+        return data
+
+
+def _content_decoders(module: Any, response: Any) -> tuple[_Decoders | None, str | None]:
+    """For a body a server compressed although capture asked for `identity`: (its decoder, None),
+    or (None, the encoding the HTTP library cannot decode, which it would pass on undecoded)."""
+    supported = getattr(getattr(module, "_decoders", None), "SUPPORTED_DECODERS", None) or {}
+    decoders = []
+    for name in response.headers.get_list("content-encoding", split_commas=True):
+        name = name.strip().lower()
+        if name in ("", "identity"):
+            continue
+        try:
+            decoders.append(supported[name]())
+        except Exception:  # unknown here, or a library whose decoders take arguments
+            return None, name
+    return (_Decoders(decoders) if decoders else None), None
 
 
 _REPLACED_REQUEST_HEADERS = (b"content-length", b"accept-encoding")
@@ -153,8 +198,10 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
             self._tee.end()
 
         def close(self) -> None:
-            self._tee.close()
-            self._inner.close()
+            try:
+                self._tee.close()  # may raise the typed error under the strict policy
+            finally:
+                self._inner.close()
 
     class AsyncTee(module.AsyncByteStream):  # type: ignore[name-defined,misc]
         def __init__(self, inner: Any, tee: StreamTee) -> None:
@@ -168,8 +215,10 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
             self._tee.end()
 
         async def aclose(self) -> None:
-            self._tee.close()
-            await self._inner.aclose()
+            try:
+                self._tee.close()
+            finally:
+                await self._inner.aclose()
 
     class CaptureTransport(module.BaseTransport):  # type: ignore[name-defined,misc]
         """Wraps a sync transport; captures POSTs to vLLM-marked hosts."""
@@ -195,14 +244,24 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                 self.core.discard(pending, response.status_code)
                 return response
             stream, encoded = _body_kind(response)
-            if stream:
-                tee = self.core.open_stream(pending, response.status_code)
+            decoders, unreadable = _content_decoders(module, response) if encoded else (None, None)
+            if stream:  # the caller's client decodes its own copy, as without capture
+                tee = self.core.open_stream(
+                    pending, response.status_code, decompressor=decoders, unreadable=unreadable
+                )
                 return module.Response(
                     response.status_code,
                     headers=response.headers,
                     stream=SyncTee(response.stream, tee),
                     extensions=response.extensions,
                 )
+            if unreadable is not None:  # recorded; the caller gets the response as it came
+                try:
+                    self.core.refuse_body(pending, response.status_code, unreadable)
+                except BaseException:  # the strict policy fails the call
+                    response.close()
+                    raise
+                return response
             try:
                 already = _already_read(response)
                 if already is not None:
@@ -272,14 +331,24 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                 self.core.discard(pending, response.status_code)
                 return response
             stream, encoded = _body_kind(response)
-            if stream:
-                tee = self.core.open_stream(pending, response.status_code)
+            decoders, unreadable = _content_decoders(module, response) if encoded else (None, None)
+            if stream:  # the caller's client decodes its own copy, as without capture
+                tee = self.core.open_stream(
+                    pending, response.status_code, decompressor=decoders, unreadable=unreadable
+                )
                 return module.Response(
                     response.status_code,
                     headers=response.headers,
                     stream=AsyncTee(response.stream, tee),
                     extensions=response.extensions,
                 )
+            if unreadable is not None:  # recorded; the caller gets the response as it came
+                try:
+                    self.core.refuse_body(pending, response.status_code, unreadable)
+                except BaseException:  # the strict policy fails the call
+                    await response.aclose()
+                    raise
+                return response
             try:
                 already = _already_read(response)
                 if already is not None:

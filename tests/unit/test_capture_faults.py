@@ -409,3 +409,162 @@ async def test_a_response_the_inner_transport_already_read_is_captured() -> None
     for call in sync_ep.calls + async_ep.calls:
         assert call.status is tito.CallStatus.COMPLETE
         assert call.sampled_ids.tolist() == want["choices"][0]["token_ids"]
+
+
+def encoded_stream_transports(
+    cap: Capture, encoding: str
+) -> tuple[httpx2.MockTransport, httpx2.MockTransport]:
+    """A server that compresses an SSE stream although capture asked for `identity` (a proxy
+    gzipping text/event-stream), flushing the compressor after each event as a streaming proxy
+    does. `encoding` is the content-encoding header; "x-unknown" sends the body as it is."""
+    import zlib
+
+    wbits = {"gzip": 31, "deflate": 15}  # deflate as HTTP means it: zlib-wrapped
+    names = [e.strip() for e in encoding.split(",")]
+    layers = [zlib.compressobj(wbits=wbits[name]) for name in names if name in wbits]
+    pieces = []
+    for event in cap.events():
+        for layer in layers:
+            event = layer.compress(event) + layer.flush(zlib.Z_SYNC_FLUSH)
+        pieces.append(event)
+    tail = b""
+    for layer in layers:
+        tail = layer.compress(tail) + layer.flush()
+    pieces.append(tail)
+    headers = {"content-type": "text/event-stream", "content-encoding": encoding}
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers=headers, content=iter(pieces))
+
+    async def ahandler(request: httpx2.Request) -> httpx2.Response:
+        async def agen() -> AsyncIterator[bytes]:
+            for piece in pieces:
+                yield piece
+
+        return httpx2.Response(200, headers=headers, content=agen())
+
+    return httpx2.MockTransport(handler), httpx2.MockTransport(ahandler)
+
+
+def stream_clients(
+    transports: tuple[httpx2.MockTransport, httpx2.MockTransport], collector: tito.Collector
+) -> tuple[Any, Any]:
+    """A sync and an async openai client on `transports`, wrapped by `collector`."""
+    sync_t, async_t = transports
+    sync = openai.OpenAI(
+        base_url="http://vllm.test/v1",
+        api_key="x",
+        http_client=openai.DefaultHttpxClient(transport=sync_t),
+    )
+    asyn = openai.AsyncOpenAI(
+        base_url="http://vllm.test/v1",
+        api_key="x",
+        http_client=openai.DefaultAsyncHttpxClient(transport=async_t),
+    )
+    return collector.wrap(sync), collector.wrap(asyn)
+
+
+def streamed_ids(cap: Capture) -> tuple[list[int], list[int]]:
+    """(prompt ids, sampled ids) of a one-choice chat stream capture, read from its events."""
+    prompt: list[int] = []
+    sampled: list[int] = []
+    for event in cap.events():
+        data = event.strip()[len(b"data: ") :]
+        if data == b"[DONE]":
+            continue
+        chunk = json.loads(data)
+        prompt = chunk.get("prompt_token_ids") or prompt
+        for choice in chunk["choices"]:
+            sampled += choice.get("token_ids") or []
+    return prompt, sampled
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "gzip, deflate"])
+async def test_a_compressed_stream_is_captured_and_the_caller_decodes_its_own(
+    encoding: str,
+) -> None:
+    """A server that compresses a stream although capture asked for `identity`: the call is read
+    through the same decoders (sync and async) and recorded complete with the exact ids; the
+    caller's chunks are what it gets from the uncompressed stream."""
+    cap = load_capture("chat_stream")
+    prompt, sampled = streamed_ids(cap)
+    collector = tito.Collector(capture_logprobs=False, errors="raise")
+    plain_sync, _ = stream_clients(encoded_stream_transports(cap, "identity"), collector)
+    sync, asyn = stream_clients(encoded_stream_transports(cap, encoding), collector)
+    with collector.episode():
+        want = [
+            c.model_dump()
+            for c in plain_sync.chat.completions.create(model="m", messages=MSG, stream=True)
+        ]
+    with collector.episode() as sync_ep:
+        got = [
+            c.model_dump()
+            for c in sync.chat.completions.create(model="m", messages=MSG, stream=True)
+        ]
+    async with collector.episode() as async_ep:
+        stream = await asyn.chat.completions.create(model="m", messages=MSG, stream=True)
+        got_async = [c.model_dump() async for c in stream]
+    assert got == want and got_async == want
+    for call in sync_ep.calls + async_ep.calls:
+        assert call.status is tito.CallStatus.COMPLETE
+        assert call.prompt_ids.tolist() == prompt
+        assert call.sampled_ids.tolist() == sampled
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "body"])
+def test_a_body_in_an_encoding_capture_cannot_decode_is_reported(stream: bool) -> None:
+    """An encoding the HTTP library has no decoder for: the call is recorded unusable saying so,
+    through the error policy (here the episode's exit), never as a silent incomplete call; the
+    caller gets the response as it came."""
+    cap = load_capture("chat_stream" if stream else "chat_ns")
+    headers = {
+        "content-type": "text/event-stream" if stream else "application/json",
+        "content-encoding": "x-unknown",
+    }
+    transport = httpx2.MockTransport(
+        lambda request: httpx2.Response(
+            200, headers=headers, content=iter(cap.events() if stream else [cap.body])
+        )
+    )
+    collector = tito.Collector(capture_logprobs=False)
+    client: Any = collector.wrap(
+        openai.OpenAI(
+            base_url="http://vllm.test/v1",
+            api_key="x",
+            http_client=openai.DefaultHttpxClient(transport=transport),
+        )
+    )
+    with pytest.raises(tito.EpisodeCaptureError) as info, collector.episode() as ep:
+        if stream:
+            chunks = list(client.chat.completions.create(model="m", messages=MSG, stream=True))
+            assert len(chunks) == len(cap.events()) - 1  # every chunk but [DONE]
+        else:
+            response = client.chat.completions.create(model="m", messages=MSG)
+            assert (
+                response.choices[0].message.content
+                == cap.json()["choices"][0]["message"]["content"]
+            )
+    (call,) = ep.calls
+    assert call.status is tito.CallStatus.UNUSABLE
+    assert isinstance(call.error, tito.errors.MalformedResponseError)
+    assert "x-unknown" in str(call.error) and "x-unknown" in str(info.value)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "body"])
+def test_boolean_ids_are_a_typed_error_and_no_sample(stream: bool) -> None:
+    """`true`/`false` among the ids (here next to real ids): unusable, typed, never a sample."""
+    if stream:
+        cap = edit_stream(
+            load_capture("chat_stream"),
+            lambda cs: cs[2]["choices"][0].__setitem__("token_ids", [True]),
+        )
+    else:
+        cap = edit_json(
+            load_capture("eos"), lambda b: b["choices"][0].__setitem__("token_ids", [448, True])
+        )
+    collector, client = collect(cap, errors="count")
+    with collector.episode() as ep:
+        run_sync(client, cap)
+    assert isinstance(ep.calls[0].error, tito.errors.MalformedResponseError)
+    assert ep.calls[0].status is tito.CallStatus.UNUSABLE
+    assert collector.sink.samples == []  # type: ignore[attr-defined]

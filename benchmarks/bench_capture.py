@@ -32,7 +32,6 @@ from typing import Any
 import openai
 
 import tito_agents as tito
-from tito_agents._capture import CaptureCore
 
 HERE = Path(__file__).resolve().parent
 PROMPT, COMPLETION = 4096, 1024
@@ -46,7 +45,7 @@ def free_port() -> int:
 
 
 def null_collector() -> tito.Collector:
-    return tito.Collector(tito.CallbackSink(lambda batch: None))
+    return tito.Collector(tito.sinks.CallbackSink(lambda batch: None))
 
 
 async def stream_round(
@@ -230,7 +229,7 @@ def capture_cpu_per_call(json_body: bytes, request_body: bytes, reps: int = 400)
     """CPU time of the capture work for one non-streaming 4k+1k call: request rewrite, response
     parse, call record, the body handed back to the caller, per-call sample assembly."""
     collector = null_collector()
-    core = CaptureCore(collector, frozenset({"127.0.0.1"}))
+    core = collector._core(frozenset({"127.0.0.1"}), sessions=False)
     batches = []
     for _ in range(5):  # the median batch: this machine's speed drifts
         start = time.process_time()
@@ -247,7 +246,7 @@ def capture_cpu_per_call(json_body: bytes, request_body: bytes, reps: int = 400)
 def bytes_per_token(json_body: bytes, request_body: bytes, calls: int = 50) -> float:
     """Memory retained per captured token by the call records of an episode."""
     collector = null_collector()
-    core = CaptureCore(collector, frozenset({"127.0.0.1"}))
+    core = collector._core(frozenset({"127.0.0.1"}), sessions=False)
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]

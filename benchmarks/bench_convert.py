@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tito_agents import CallSpan, Sample
 from tito_agents.convert import pack_batch, pad_batch, to_verl_batch, torch_available
+from tito_agents.samples import CallSpan, Sample
 
 TARGET_RATIO = 5.0
 

@@ -129,7 +129,7 @@ async def main() -> int:
 
     # The per-call samples the collector assembles are not kept: this example writes each agent's
     # merged trajectories itself, from the episode's calls.
-    collector = tito.Collector(tito.CallbackSink(lambda samples: None), capture_logprobs=True)
+    collector = tito.Collector(tito.sinks.CallbackSink(lambda samples: None), capture_logprobs=True)
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key="EMPTY", timeout=600)
     # tito-agents, line 1: capture on the chat-completions path, every call labelled with its
     # agent (from the SDK's tracing spans; replacing the processors also stops trace export).
@@ -147,7 +147,7 @@ async def main() -> int:
 
     samples: list[tito.Sample] = []
     divergences: Counter[str] = Counter()
-    with tito.JsonlSink(args.out) as sink:
+    with tito.sinks.JsonlSink(args.out) as sink:
         for ep, _, _ in results:
             merged, breaks = merged_samples(
                 ep.calls,

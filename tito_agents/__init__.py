@@ -11,100 +11,50 @@ call to its episode and agent, and write trainer-ready samples.
 
 from __future__ import annotations
 
-from tito_agents._capture import ErrorPolicy, OutsideEpisode
-from tito_agents.assembly import (
-    AssemblyMode,
-    AssemblyOptions,
-    AssemblyReport,
-    Divergence,
-    DivergenceKind,
-    EpisodeContext,
-    assemble,
-    assemble_episode,
-    assembly_report,
-    merged_samples,
-)
-from tito_agents.calls import Call, CallStatus, Endpoint
-from tito_agents.collector import CaptureStats, Collector, SinkErrors
-from tito_agents.episodes import (
-    Attribution,
-    ContextThreadPoolExecutor,
-    Episode,
-    EpisodeReport,
-    agent,
-    bind,
-    current_agent,
-    current_episode,
-    labels,
-    register_resolver,
-    unregister_resolver,
-)
+from tito_agents.assembly import AssemblyMode, assemble
+from tito_agents.calls import Call, CallStatus
+from tito_agents.collector import Collector
+from tito_agents.config import ErrorPolicy, OutsideEpisode, SinkErrors
+from tito_agents.episodes import Episode, agent, bind, current_episode, labels
 from tito_agents.errors import (
     CaptureError,
     ConfigurationError,
     EpisodeCaptureError,
-    IncompleteCallError,
-    MalformedResponseError,
     MissingTokenIdsError,
-    OutsideEpisodeError,
-    SampleFormatError,
     SinkError,
     TitoError,
-    TokenCountMismatchError,
 )
-from tito_agents.samples import CallSpan, Sample
-from tito_agents.sinks import CallbackSink, JsonlSink, MemorySink, Sink, open_sink, read_samples
+from tito_agents.samples import Sample
+from tito_agents.sinks import Sink, open_sink, read_samples
 
 __version__ = "0.1.0"
 
+# What users of the library reach for. The rest has one home each: sinks in `tito_agents.sinks`,
+# assembly tools in `tito_agents.assembly`, every error in `tito_agents.errors`, hooks for
+# framework adapters in `tito_agents.integration`. tests/unit/test_public_api.py pins this list.
 __all__ = [
     "AssemblyMode",
-    "AssemblyOptions",
-    "AssemblyReport",
-    "Attribution",
     "Call",
-    "CallSpan",
     "CallStatus",
-    "CallbackSink",
     "CaptureError",
-    "CaptureStats",
     "Collector",
     "ConfigurationError",
-    "ContextThreadPoolExecutor",
-    "Divergence",
-    "DivergenceKind",
-    "Endpoint",
     "Episode",
     "EpisodeCaptureError",
-    "EpisodeContext",
-    "EpisodeReport",
     "ErrorPolicy",
-    "IncompleteCallError",
-    "JsonlSink",
-    "MalformedResponseError",
-    "MemorySink",
     "MissingTokenIdsError",
     "OutsideEpisode",
-    "OutsideEpisodeError",
     "Sample",
-    "SampleFormatError",
     "Sink",
     "SinkError",
     "SinkErrors",
     "TitoError",
-    "TokenCountMismatchError",
     "__version__",
     "agent",
     "assemble",
-    "assemble_episode",
-    "assembly_report",
     "bind",
-    "current_agent",
     "current_episode",
     "labels",
-    "merged_samples",
     "open_sink",
     "read_samples",
-    "register_resolver",
-    "unregister_resolver",
 ]

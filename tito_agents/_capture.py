@@ -8,7 +8,6 @@ teed SSE stream) and turning parsed choices into `Call` records handed to the ep
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import time
 import uuid
@@ -29,6 +28,7 @@ from tito_agents._wire import (
     prepare_request,
 )
 from tito_agents.calls import EMPTY_IDS, Call, CallStatus, Endpoint
+from tito_agents.config import CaptureSettings, CaptureStats, ErrorPolicy, OutsideEpisode
 from tito_agents.errors import (
     CaptureError,
     IncompleteCallError,
@@ -40,32 +40,7 @@ from tito_agents.sessions import Plan, Session, SessionDecision, SessionNote, Tu
 logger = logging.getLogger("tito_agents")
 
 if TYPE_CHECKING:
-    from tito_agents.collector import Collector
-    from tito_agents.episodes import Episode
-
-
-class ErrorPolicy(enum.Enum):
-    """What a capture problem (missing or inconsistent ids) does."""
-
-    RAISE = "raise"
-    """Fail the agent's own call with the typed error (strict mode)."""
-    EPISODE = "episode"
-    """Default: the agent's call gets its response unchanged; the episode's exit raises
-    `EpisodeCaptureError` after writing the samples of the good calls."""
-    COUNT = "count"
-    """Lenient: the call is recorded as unusable and counted; nothing raises."""
-
-
-class OutsideEpisode(enum.Enum):
-    """What happens to a captured call made outside any episode."""
-
-    DEFAULT = "default"
-    """Default: it joins the collector's default episode and is written as a per-call sample
-    (episode id "default", no reward) as soon as it completes."""
-    ERROR = "error"
-    """The request is refused with `OutsideEpisodeError` before it is sent."""
-    IGNORE = "ignore"
-    """The request is sent untouched and nothing is captured."""
+    from tito_agents.episodes import Episode, EpisodeProcessor
 
 
 @dataclass(slots=True)
@@ -90,12 +65,24 @@ class PendingCall:
 
 
 class CaptureCore:
-    """Request/response logic of the transports, bound to one collector and a set of vLLM hosts."""
+    """Request/response logic of the transports for a set of vLLM hosts: reads `settings`, counts
+    in `stats`, records calls on their episode and reports them to `processor` (the next stage).
+    Calls outside any episode go to `default_episode`."""
 
     def __init__(
-        self, collector: Collector, vllm_hosts: frozenset[str], *, sessions: bool = False
+        self,
+        settings: CaptureSettings,
+        processor: EpisodeProcessor,
+        default_episode: Episode,
+        stats: CaptureStats,
+        vllm_hosts: frozenset[str],
+        *,
+        sessions: bool = False,
     ) -> None:
-        self.collector = collector
+        self.settings = settings
+        self.processor = processor
+        self.default_episode = default_episode
+        self.stats = stats
         self.vllm_hosts = vllm_hosts
         self.sessions = sessions
 
@@ -114,10 +101,10 @@ class CaptureCore:
         endpoint = endpoint_for_path(path)
         if endpoint is None:
             return None
-        collector = self.collector
+        settings = self.settings
         episode, agent, labels = episodes.resolve_attribution()
         if episode is None:
-            policy = collector.outside_episode
+            policy = settings.outside_episode
             if policy is OutsideEpisode.IGNORE:
                 return None
             if policy is OutsideEpisode.ERROR:
@@ -125,13 +112,13 @@ class CaptureCore:
                     "a call to a vLLM host was made outside any episode; wrap the rollout in "
                     "`with collector.episode(...)` or set outside_episode='default'"
                 )
-            episode = collector.default_episode
-        prepared = prepare_request(endpoint, body, capture_logprobs=collector.capture_logprobs)
+            episode = self.default_episode
+        prepared = prepare_request(endpoint, body, capture_logprobs=settings.capture_logprobs)
         if prepared is None:
-            collector.stats.skipped_requests += 1
+            self.stats.skipped_requests += 1
             return None
         new_body, info = prepared
-        if not collector.keep_messages:
+        if not settings.keep_messages:
             info.messages = None
             info.tools = None
         pending = PendingCall(
@@ -139,25 +126,25 @@ class CaptureCore:
             episode=episode,
             agent=agent or episode.agent,
             labels=labels,
-            seq=episode.next_seq(),
-            policy_version=collector.policy_version,
+            seq=episode._next_seq(),
+            policy_version=settings.policy_version,
             started_at=time.time(),
         )
         wants_session = episode.sessions if episode.sessions is not None else self.sessions
         if (
             wants_session
             and info.endpoint is Endpoint.CHAT
-            and episode is not collector.default_episode
+            and episode is not self.default_episode
             and info.payload is not None
         ):
             info.want_message = True
-            session = pending.session = episode.session_for(pending.agent)
+            session = pending.session = episode._session_for(pending.agent)
             if session.end_of_turn_id is None:  # learnt by another episode for this model
-                session.end_of_turn_id = collector.learned_end_of_turn.get(
+                session.end_of_turn_id = settings.learned_end_of_turn.get(
                     str(info.payload.get("model"))
                 )
             pending.plan = sessions.plan(session, info.payload)
-        collector.stats.requests += 1
+        self.stats.requests += 1
         return new_body, pending
 
     def apply_decision(
@@ -176,8 +163,8 @@ class CaptureCore:
         if pending.finished:
             return
         pending.finished = True
-        pending.episode.call_ended()
-        self.collector.stats.failed_attempts += 1
+        pending.episode._call_ended()
+        self.stats.failed_attempts += 1
 
     def finish_body(self, pending: PendingCall, status: int, body: bytes) -> bytes | None:
         """Record the calls of a complete non-streaming response. Returns the body to hand to the
@@ -232,8 +219,7 @@ class CaptureCore:
             return
         pending.finished = True
         episode = pending.episode
-        episode.call_ended()
-        collector = self.collector
+        episode._call_ended()
         ended = time.time()
         response_id = parser.response_id or f"tito-{uuid.uuid4().hex}"
         info = pending.info
@@ -283,9 +269,9 @@ class CaptureCore:
             )
         if pending.session is not None:
             self._update_session(pending, calls, choices)
-        added = episode.add_calls(calls)
-        collector.on_calls_recorded(episode, calls, added)
-        raise_now = collector.error_policy is ErrorPolicy.RAISE and incomplete is None
+        added = episode._add_calls(calls)
+        self.processor.on_calls(episode, calls, added)
+        raise_now = self.settings.error_policy is ErrorPolicy.RAISE and incomplete is None
         if first_error is not None and raise_now:
             raise first_error
 
@@ -324,7 +310,7 @@ class CaptureCore:
             )
         if session.end_of_turn_id is not None:
             model = str(payload.get("model"))
-            self.collector.learned_end_of_turn.setdefault(model, session.end_of_turn_id)
+            self.settings.learned_end_of_turn.setdefault(model, session.end_of_turn_id)
 
 
 class Decompressor(Protocol):

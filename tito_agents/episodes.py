@@ -17,16 +17,16 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from tito_agents.calls import Call, CallStatus
+from tito_agents.config import CaptureSettings
 from tito_agents.errors import CaptureError
 from tito_agents.samples import finite_or_none
 from tito_agents.sessions import Session
 
 if TYPE_CHECKING:
     from tito_agents.assembly import Divergence
-    from tito_agents.collector import Collector
 
 logger = logging.getLogger("tito_agents")
 
@@ -178,6 +178,22 @@ class EpisodeReport:
     errors: list[str] = field(default_factory=list)
 
 
+class EpisodeProcessor(Protocol):
+    """Where an episode reports what happens to it: the next stage of the pipeline (the
+    collector's `Exporter`), as a tracer's span processor hears of ended spans. An episode knows
+    this protocol, never the collector."""
+
+    def on_calls(self, episode: Episode, calls: list[Call], added: int) -> None:
+        """Calls were recorded (`added` of them new). Runs on the request path: it must not block
+        or raise."""
+
+    def on_end(self, episode: Episode, *, failed: bool) -> None:
+        """The episode ended (`failed`: its body raised). May raise what the policies say."""
+
+    async def aon_end(self, episode: Episode, *, failed: bool) -> None:
+        """`on_end` for `async with`: never blocks the event loop."""
+
+
 class Episode:
     """One rollout: a context manager (sync and async) that scopes captured calls.
 
@@ -189,7 +205,8 @@ class Episode:
 
     def __init__(
         self,
-        collector: Collector,
+        processor: EpisodeProcessor,
+        settings: CaptureSettings,
         episode_id: str | None = None,
         *,
         task_id: str | None = None,
@@ -198,7 +215,10 @@ class Episode:
         metadata: Mapping[str, Any] | None = None,
         sessions: bool | None = None,
     ) -> None:
-        self.collector = collector
+        self._processor = processor
+        self._settings = settings
+        self.outside_episode = settings.outside_episode
+        """What the collector does with calls made outside any episode (adapters name it)."""
         self.sessions = sessions
         """Token-in sessions for this episode: True/False, or None to follow the wrapped client."""
         self._session_state: dict[str | None, Session] = {}
@@ -256,16 +276,16 @@ class Episode:
 
     # ---- called by the capture layer ----
 
-    def next_seq(self) -> int:
+    def _next_seq(self) -> int:
         with self._lock:
             self._inflight += 1
         return next(self._seq)
 
-    def call_ended(self) -> None:
+    def _call_ended(self) -> None:
         with self._lock:
             self._inflight -= 1
 
-    def add_calls(self, calls: list[Call]) -> int:
+    def _add_calls(self, calls: list[Call]) -> int:
         """Record calls; a call id already seen (a re-delivered response) is dropped. Returns how
         many were added; 0 when the episode has already ended (a late call is never a sample)."""
         added = 0
@@ -282,16 +302,31 @@ class Episode:
                 added += 1
         return added
 
-    def session_for(self, agent_name: str | None) -> Session:
+    def _session_for(self, agent_name: str | None) -> Session:
         """The token-in session of one agent in this episode (created on first use)."""
         with self._lock:
             session = self._session_state.get(agent_name)
             if session is None:
-                collector = self.collector
+                settings = self._settings
                 session = self._session_state[agent_name] = Session(
-                    end_of_turn_id=collector.end_of_turn_id, verified=collector.verified_tails
+                    end_of_turn_id=settings.end_of_turn_id, verified=settings.verified_tails
                 )
             return session
+
+    def _take_calls(self) -> list[Call]:
+        """Hand over and forget every call recorded so far (the collector's default episode
+        keeps no history, so memory stays bounded however many calls it sees)."""
+        with self._lock:
+            calls, self.calls = self.calls, []
+            self.errors.clear()
+            self._call_ids.clear()
+        return calls
+
+    @property
+    def settings(self) -> CaptureSettings:
+        """The capture settings of the collector that opened this episode (read them; adapters
+        key per-collector state on this object)."""
+        return self._settings
 
     @property
     def inflight(self) -> int:
@@ -310,7 +345,7 @@ class Episode:
         tb: TracebackType | None,
     ) -> None:
         self._reset()
-        self.collector.finish_episode(self, failed=exc is not None)
+        self.end(failed=exc is not None)
 
     async def __aenter__(self) -> Episode:
         return self.__enter__()
@@ -322,14 +357,23 @@ class Episode:
         tb: TracebackType | None,
     ) -> None:
         self._reset()
-        await self.collector.afinish_episode(self, failed=exc is not None)
+        await self.aend(failed=exc is not None)
+
+    def end(self, *, failed: bool = False) -> None:
+        """End the episode without `with` (adapters whose framework reports the end by callback):
+        its samples go to the sink, then capture errors raise as on a `with` exit."""
+        self._processor.on_end(self, failed=failed)
+
+    async def aend(self, *, failed: bool = False) -> None:
+        """`end` for coroutines."""
+        await self._processor.aon_end(self, failed=failed)
 
     def _reset(self) -> None:
         if self._token is not None:
             _CURRENT_EPISODE.reset(self._token)
             self._token = None
 
-    def close_calls(self) -> list[Call]:
+    def _close_calls(self) -> list[Call]:
         """Freeze the episode: later calls are not added. Returns the calls, counted in the report."""
         with self._lock:
             self.closed = True

@@ -116,7 +116,7 @@ def test_a_body_capture_cannot_parse_is_passed_on_as_it_came() -> None:
     assert prepared is not None
     _, info = prepared
     parser = ResponseParser(info)
-    with pytest.raises(tito.MalformedResponseError):
+    with pytest.raises(tito.errors.MalformedResponseError):
         parser.parse_body(b'{"choices": [')
     assert parser.caller_body() is None
 

@@ -107,19 +107,25 @@ def test_include_reasoning_false_names_the_cause() -> None:
     [
         (
             lambda b: b["choices"][0].__setitem__("token_ids", [448, 1.5, 2]),
-            tito.MalformedResponseError,
+            tito.errors.MalformedResponseError,
         ),
         (
             lambda b: b["choices"][0].__setitem__("token_ids", ["448", 316, 2]),
-            tito.MalformedResponseError,
+            tito.errors.MalformedResponseError,
         ),
         (
             lambda b: b["choices"][0].__setitem__("token_ids", [448, -1, 2]),
-            tito.MalformedResponseError,
+            tito.errors.MalformedResponseError,
         ),
-        (lambda b: b.__setitem__("prompt_token_ids", "1,2,3"), tito.MalformedResponseError),
-        (lambda b: b["choices"][0]["logprobs"]["content"].pop(), tito.TokenCountMismatchError),
-        (lambda b: b["usage"].__setitem__("completion_tokens", 7), tito.TokenCountMismatchError),
+        (lambda b: b.__setitem__("prompt_token_ids", "1,2,3"), tito.errors.MalformedResponseError),
+        (
+            lambda b: b["choices"][0]["logprobs"]["content"].pop(),
+            tito.errors.TokenCountMismatchError,
+        ),
+        (
+            lambda b: b["usage"].__setitem__("completion_tokens", 7),
+            tito.errors.TokenCountMismatchError,
+        ),
     ],
     ids=["float-id", "string-id", "negative-id", "prompt-not-list", "logprobs-short", "usage"],
 )
@@ -144,7 +150,7 @@ def test_streamed_ids_must_match_usage() -> None:
     with collector.episode() as ep:
         chunks = run_sync(client, cap)
     assert len(chunks) == 5  # the caller still got every chunk
-    assert isinstance(ep.calls[0].error, tito.TokenCountMismatchError)
+    assert isinstance(ep.calls[0].error, tito.errors.TokenCountMismatchError)
 
 
 def test_malformed_json_body_is_recorded() -> None:
@@ -192,7 +198,7 @@ def test_abandoned_stream_is_incomplete() -> None:
         next(iter(stream))
         stream.close()
     assert ep.calls[0].status is tito.CallStatus.INCOMPLETE
-    assert isinstance(ep.calls[0].error, tito.IncompleteCallError)
+    assert isinstance(ep.calls[0].error, tito.errors.IncompleteCallError)
     assert collector.sink.samples == []  # type: ignore[attr-defined]
     assert collector.stats.incomplete_calls == 1
 
@@ -252,12 +258,15 @@ async def test_cancelled_stream_is_incomplete() -> None:
 
 
 def test_calls_outside_an_episode_default_to_immediate_samples() -> None:
-    """Default: a call outside any episode becomes a per-call sample of episode "default"."""
+    """Default: a call outside any episode becomes a per-call sample of episode "default",
+    assembled and written by the export thread (off the request path); `flush` waits for it."""
     collector, client = collect(load_capture("chat_ns"))
     run_sync(client, load_capture("chat_ns"))
+    assert collector.default_episode.calls == []  # memory stays bounded
+    collector.flush()
     samples = collector.sink.samples  # type: ignore[attr-defined]
     assert [s.episode_id for s in samples] == ["default"]
-    assert collector.default_episode.calls == []  # memory stays bounded
+    assert collector.stats.samples == 1
 
 
 def test_calls_outside_an_episode_can_be_refused() -> None:
@@ -266,7 +275,7 @@ def test_calls_outside_an_episode_can_be_refused() -> None:
     replay = Replay([cap])
     client, _ = replay_clients(replay)
     tito.Collector(outside_episode="error").wrap(client)
-    with pytest.raises(tito.OutsideEpisodeError):
+    with pytest.raises(tito.errors.OutsideEpisodeError):
         client.chat.completions.create(model="tiny", messages=MSG)
     assert replay.received == []
 

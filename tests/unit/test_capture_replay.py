@@ -11,6 +11,7 @@ import pytest
 
 import tito_agents as tito
 from tests.captures import Capture, Replay, load_capture, replay_clients
+from tito_agents import integration
 
 ID_CAPTURES = [
     "chat_ns",
@@ -331,7 +332,7 @@ def test_threads_keep_the_episode_with_bind() -> None:
         assert ep.calls == []
         raw_pool.submit(tito.bind(call)).result()
         assert len(ep.calls) == 1
-    with collector.episode() as ep2, tito.ContextThreadPoolExecutor(1) as pool:
+    with collector.episode() as ep2, integration.ContextThreadPoolExecutor(1) as pool:
         pool.submit(call).result()
     assert len(ep2.calls) == 1
 
@@ -389,21 +390,21 @@ def test_resolvers_attribute_calls_and_explicit_scopes_win() -> None:
     collector.wrap(client)
     framework_episode = collector.episode("from-framework")
 
-    def resolver() -> tito.Attribution:
-        return tito.Attribution(framework_episode, "node-a", {"langgraph_step": 3, "x": 1})
+    def resolver() -> integration.Attribution:
+        return integration.Attribution(framework_episode, "node-a", {"langgraph_step": 3, "x": 1})
 
-    def broken() -> tito.Attribution:
+    def broken() -> integration.Attribution:
         raise RuntimeError("resolver bug")
 
-    tito.register_resolver(broken)
-    tito.register_resolver(resolver)
+    integration.register_resolver(broken)
+    integration.register_resolver(resolver)
     try:
         run_sync(client, cap)  # no explicit scope: the resolver's episode (never entered) gets it
         with collector.episode("explicit") as ep, tito.agent("planner"), tito.labels(x=2):
             run_sync(client, other)
     finally:
-        tito.unregister_resolver(resolver)
-        tito.unregister_resolver(broken)
+        integration.unregister_resolver(resolver)
+        integration.unregister_resolver(broken)
     (framework_call,) = framework_episode.calls
     assert framework_call.agent == "node-a"
     assert framework_call.labels == {"langgraph_step": 3, "x": 1}

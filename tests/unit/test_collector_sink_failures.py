@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tito_agents as tito
-from tests.captures import REPO_ROOT, Replay, load_capture, replay_clients
+from tests.captures import REPO_ROOT, Capture, Replay, load_capture, replay_clients
 from tests.unit.test_capture_replay import run_async, run_sync
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
@@ -57,8 +57,8 @@ def test_outside_an_episode_the_call_returns_and_the_sink_is_not_called_in_it(
     response = run_sync(client, cap)
     assert response.choices[0].message.content == _content("chat_ns")
     collector.close()
-    assert sink.threads and threading.current_thread().name not in sink.threads
-    assert collector.stats.delivery is not None and collector.stats.delivery.rejected == 1
+    assert sink.threads == ["tito-export"]  # written by the export thread, not in the call
+    assert collector.stats.sink_failures == 1 and collector.stats.lost_samples == 1
     assert collector.stats.complete_calls == 1
 
 
@@ -71,23 +71,33 @@ async def test_outside_an_episode_async_calls_return_too() -> None:
     response = await run_async(client, cap)
     assert response.choices[0].message.content == _content("chat_ns")
     await collector.aclose()
-    assert collector.stats.delivery is not None and collector.stats.delivery.rejected == 1
+    assert collector.stats.sink_failures == 1 and collector.stats.lost_samples == 1
 
 
-def test_a_full_queue_loses_counted_samples_never_the_call() -> None:
-    """When the buffer is full and cannot spill, the call still returns: the samples are counted
-    as lost and logged, not raised into the agent."""
+def test_a_blocked_sink_never_holds_the_call() -> None:
+    """A sink that blocks (a full buffer with nowhere to spill waits for room) holds the export
+    thread, never the agent's call; once it unblocks every sample arrives."""
     cap = load_capture("chat_ns")
-    client, _ = replay_clients(Replay([cap]))
+    replay = Replay([cap])
+    client, _ = replay_clients(replay)
     release = threading.Event()
-    sink = BufferedSink(CallbackSink(lambda s: release.wait()), max_buffer_samples=1, linger=0)
+    inner = CallbackSink(lambda s: release.wait())
+    sink = BufferedSink(inner, max_buffer_samples=1, linger=0, spill_dir=None)
     collector = tito.Collector(sink)
     collector.wrap(client)
-    for _ in range(4):
+    for i in range(4):  # distinct response ids: four calls, four samples
+        replay.responses = [_with_id(cap, f"chatcmpl-{i}")]
         assert run_sync(client, cap).choices[0].message.content == _content("chat_ns")
-    assert collector.stats.lost_samples >= 1 and collector.stats.sink_failures >= 1
+    assert collector.stats.lost_samples == 0
     release.set()
     collector.close()
+    assert collector.stats.samples == 4 and sink.stats.exported == 4
+
+
+def _with_id(cap: Capture, response_id: str) -> Capture:
+    body = cap.json()
+    body["id"] = response_id
+    return Capture(cap.name, cap.path, cap.request, cap.status, json.dumps(body).encode())
 
 
 def test_episode_exit_logs_and_counts_a_sink_failure(caplog: pytest.LogCaptureFixture) -> None:

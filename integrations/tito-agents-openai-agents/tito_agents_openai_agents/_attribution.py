@@ -29,8 +29,7 @@ from agents import (
 from agents.run_config import CallModelData, CallModelInputFilter, ModelInputData
 from agents.tracing import get_current_span
 
-import tito_agents
-from tito_agents import Attribution
+from tito_agents.integration import Attribution, register_resolver
 from tito_agents_openai_agents._errors import ResponsesAPIError
 from tito_agents_openai_agents._spans import AgentSpanTracker
 from tito_agents_openai_agents._stats import STATS, Uncaptured, logger
@@ -130,7 +129,7 @@ class AgentLabelFilter:
 def with_agent_labels(run_config: RunConfig, *, uncaptured: Uncaptured = "error") -> RunConfig:
     """A copy of `run_config` whose model-input filter labels every model call with its agent,
     composed with the filter it already had (applying it twice keeps one label filter)."""
-    tito_agents.register_resolver(resolve_agent)  # idempotent: the filter's labels need it
+    register_resolver(resolve_agent)  # idempotent: the filter's labels need it
     config = dataclasses.replace(run_config)
     inner = run_config.call_model_input_filter
     if isinstance(inner, AgentLabelFilter):

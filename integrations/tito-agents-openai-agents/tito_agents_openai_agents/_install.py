@@ -23,7 +23,7 @@ from agents import (
 from agents.tracing import add_trace_processor, set_trace_processors
 from openai import AsyncOpenAI
 
-import tito_agents
+import tito_agents.integration
 from tito_agents import Collector, ConfigurationError
 from tito_agents_openai_agents._attribution import TRACKER, resolve_agent, with_agent_labels
 from tito_agents_openai_agents._spans import AgentSpanTracker
@@ -111,7 +111,7 @@ def _register(replace_trace_processors: bool) -> None:
         elif not _processor_added:
             add_trace_processor(TRACKER)
             _processor_added = True
-    tito_agents.register_resolver(resolve_agent)
+    tito_agents.integration.register_resolver(resolve_agent)
 
 
 def install(

@@ -15,6 +15,7 @@ from typing import Literal
 
 import tito_agents
 from tito_agents import Collector
+from tito_agents.config import CaptureSettings
 from tito_agents_openai_agents._errors import UncapturedModelCallError
 
 logger = logging.getLogger("tito_agents.openai_agents")
@@ -24,7 +25,8 @@ Uncaptured = Literal["error", "count"]
 `EpisodeCaptureError` under the collector's default error policy) and a Responses-API model is
 refused before its call; "count": such calls pass through, counted and logged once per agent."""
 
-_POLICIES: weakref.WeakKeyDictionary[Collector, Uncaptured] = weakref.WeakKeyDictionary()
+_POLICIES: weakref.WeakKeyDictionary[CaptureSettings, Uncaptured] = weakref.WeakKeyDictionary()
+"""Per collector (keyed on its settings object, which its episodes carry)."""
 _WARNED: set[tuple[str | None, str]] = set()
 
 
@@ -85,14 +87,14 @@ def set_policy(collector: Collector, policy: Uncaptured) -> None:
         raise tito_agents.ConfigurationError(
             f"uncaptured must be 'error' or 'count', got {policy!r}"
         )
-    _POLICIES[collector] = policy
+    _POLICIES[collector.settings] = policy
 
 
 def policy_for(collector: Collector | None) -> Uncaptured:
     """The policy of `collector` ("error" for one that was never installed)."""
     if collector is None:
         return "error"
-    return _POLICIES.get(collector, "error")
+    return _POLICIES.get(collector.settings, "error")
 
 
 def record_uncaptured(agent: str | None, kind: str) -> None:
@@ -100,7 +102,7 @@ def record_uncaptured(agent: str | None, kind: str) -> None:
     and make it an error of the current episode unless its collector lets such calls pass."""
     STATS.count_uncaptured(agent)
     episode = tito_agents.current_episode()
-    policy = policy_for(episode.collector if episode is not None else None)
+    policy = _POLICIES.get(episode.settings, "error") if episode is not None else "error"
     key = (agent, kind)
     if key not in _WARNED:
         _WARNED.add(key)

@@ -1,0 +1,99 @@
+"""What a `Collector` is configured with and what it counts: the settings capture reads on every
+request, the policies a user chooses, and the counters. Plain data, imported by every stage and
+importing none of them, so the pipeline's stages depend on it and never on the collector."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tito_agents.sinks.buffered import ExportStats
+
+
+class ErrorPolicy(enum.Enum):
+    """What a capture problem (missing or inconsistent ids) does."""
+
+    RAISE = "raise"
+    """Fail the agent's own call with the typed error (strict mode)."""
+    EPISODE = "episode"
+    """Default: the agent's call gets its response unchanged; the episode's exit raises
+    `EpisodeCaptureError` after writing the samples of the good calls."""
+    COUNT = "count"
+    """Lenient: the call is recorded as unusable and counted; nothing raises."""
+
+
+class OutsideEpisode(enum.Enum):
+    """What happens to a captured call made outside any episode."""
+
+    DEFAULT = "default"
+    """Default: it joins the collector's default episode and is queued for the sink as a per-call
+    sample (episode id "default", no reward) as soon as it completes."""
+    ERROR = "error"
+    """The request is refused with `OutsideEpisodeError` before it is sent."""
+    IGNORE = "ignore"
+    """The request is sent untouched and nothing is captured."""
+
+
+class SinkErrors(enum.Enum):
+    """What a sink failure does when samples are handed over."""
+
+    LOG = "log"
+    """Default: logged once and counted (`CaptureStats.sink_failures`, `lost_samples`); the
+    episode's exit and the agent's calls go on."""
+    RAISE = "raise"
+    """Strict: the episode's exit raises the `SinkError` (after capture errors are settled).
+    Calls outside any episode still never raise: their samples are written off the request path."""
+
+
+@dataclass(slots=True, eq=False, weakref_slot=True)
+class CaptureSettings:
+    """What the capture core reads on every request. One object per collector, shared by every
+    client it wraps, so a change (e.g. `policy_version` after a weight update) applies at once.
+    Compared and hashed by identity: adapters may key their own per-collector state on it."""
+
+    capture_logprobs: bool = False
+    error_policy: ErrorPolicy = ErrorPolicy.EPISODE
+    outside_episode: OutsideEpisode = OutsideEpisode.DEFAULT
+    keep_messages: bool = True
+    policy_version: str | None = None
+    end_of_turn_id: int | None = None
+    learned_end_of_turn: dict[str, int] = field(default_factory=dict)
+    """End-of-turn ids seen per model by token-in sessions, shared with later episodes."""
+    verified_tails: dict[tuple[Any, ...], int | None] = field(default_factory=dict)
+    """Tail shapes whose prefix preservation token-in sessions have checked (all episodes),
+    with how their short render is cut (`sessions.Session.verified`)."""
+
+
+@dataclass(slots=True)
+class CaptureStats:
+    """Counters over the collector's lifetime (read them; do not write them)."""
+
+    requests: int = 0
+    """Captured requests sent (each retry attempt counts)."""
+    failed_attempts: int = 0
+    """Attempts that got no 2xx response (the SDK may have retried them): never calls."""
+    skipped_requests: int = 0
+    """Requests to vLLM hosts not captured (non-JSON body, or the caller set return_token_ids=false)."""
+    complete_calls: int = 0
+    unusable_calls: int = 0
+    incomplete_calls: int = 0
+    duplicate_calls: int = 0
+    late_calls: int = 0
+    """Calls that completed after their episode had ended: never samples."""
+    episodes: int = 0
+    failed_episodes: int = 0
+    samples: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    sink_failures: int = 0
+    """Hand-offs of samples to the sink that failed (each logged once)."""
+    lost_samples: int = 0
+    """Samples of those failed hand-offs (assembled, not accepted by the sink), and samples of
+    calls outside any episode dropped because the export queue was full."""
+    delivery: ExportStats | None = None
+    """What the buffer in front of the sink did after accepting samples (retries, spills,
+    refusals; `tito_agents.sinks.ExportStats`); None when the sink has no buffer."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,262 @@
+"""Export: the stage after episodes. Ended episodes become samples (assembly) and go to the sink;
+failures are caught, logged once and counted, never thrown into the agent's calls.
+
+The `Exporter` is the `EpisodeProcessor` every episode reports to (as a span processor hears of
+ended spans). Two paths:
+
+* an episode's end (`on_end`, on the thread or event loop that exits it): assemble, count, hand
+  the samples to the sink; raise capture errors (and, in the strict mode, a sink failure) there;
+* calls outside any episode (`on_calls` for the default episode, on the request path): only
+  counted and queued there; one export thread assembles and writes them, so neither assembly nor
+  the sink ever runs inside the agent's HTTP call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from typing import Any
+
+from tito_agents.assembly import AssemblyMode, AssemblyOptions, EpisodeContext, assemble_episode
+from tito_agents.calls import Call, CallStatus
+from tito_agents.config import CaptureStats, ErrorPolicy, SinkErrors
+from tito_agents.episodes import Episode
+from tito_agents.errors import EpisodeCaptureError, SinkError
+from tito_agents.samples import Sample
+from tito_agents.sinks import Sink
+
+logger = logging.getLogger("tito_agents")
+
+MAX_QUEUED_CALLS = 65536
+"""Calls outside any episode waiting for the export thread; beyond it they are counted as lost
+(`CaptureStats.lost_samples`) rather than block the agent's call."""
+
+
+class Exporter:
+    """Assembles ended episodes and hands their samples to `sink` (see the module docstring).
+
+    assembly / turn_discount / tokenizer: how samples are made (`tito_agents.assembly`); read at
+    each episode's end, so changing them applies to the next one.
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        stats: CaptureStats,
+        error_policy: ErrorPolicy,
+        sink_errors: SinkErrors,
+        assembly: AssemblyMode,
+        turn_discount: float,
+        tokenizer: Any,
+    ) -> None:
+        self.sink = sink
+        self.stats = stats
+        self.error_policy = error_policy
+        self.sink_errors = sink_errors
+        self.assembly = assembly
+        self.turn_discount = turn_discount
+        self.tokenizer = tokenizer
+        self.default_episode: Episode | None = None
+        """The collector's episode for calls outside any episode (set once it exists)."""
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._queue: deque[tuple[Episode, list[Call]]] = deque()
+        self._queued_calls = 0
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._closing = False
+
+    # ---- the EpisodeProcessor protocol ----
+
+    def on_calls(self, episode: Episode, calls: list[Call], added: int) -> None:
+        """Count recorded calls; calls outside any episode are queued for the export thread."""
+        with self._lock:
+            stats = self.stats
+            if added == 0 and episode.closed:
+                stats.late_calls += len(calls)
+                return
+            stats.duplicate_calls += len(calls) - added
+            for call in calls:
+                if call.status is CallStatus.COMPLETE:
+                    stats.complete_calls += 1
+                elif call.status is CallStatus.UNUSABLE:
+                    stats.unusable_calls += 1
+                else:
+                    stats.incomplete_calls += 1
+            if episode is not self.default_episode or not added:
+                return
+            taken = episode._take_calls()
+            if self._queued_calls + len(taken) > MAX_QUEUED_CALLS or self._closing:
+                stats.sink_failures += 1
+                stats.lost_samples += len(taken)
+                full = True
+            else:
+                self._queue.append((episode, taken))
+                self._queued_calls += len(taken)
+                self._start_thread_locked()
+                self._cond.notify_all()
+                full = False
+        if full:
+            logger.error(
+                "%d calls outside any episode dropped: the export queue is full (%d calls) or "
+                "closed; counted in collector.stats.lost_samples",
+                len(taken),
+                MAX_QUEUED_CALLS,
+            )
+
+    def on_end(self, episode: Episode, *, failed: bool) -> None:
+        """Assemble and hand over the episode's samples, then raise what the policies say."""
+        samples = self._end(episode, failed)
+        sink_error: SinkError | None = None
+        if samples:
+            try:
+                self.sink.write(samples)
+            except Exception as exc:
+                sink_error = self._sink_failed(samples, exc)
+        self._raise_errors(episode, failed, sink_error)
+
+    async def aon_end(self, episode: Episode, *, failed: bool) -> None:
+        samples = self._end(episode, failed)
+        sink_error: SinkError | None = None
+        if samples:
+            try:
+                await self.sink.awrite(samples)
+            except Exception as exc:
+                sink_error = self._sink_failed(samples, exc)
+        self._raise_errors(episode, failed, sink_error)
+
+    # ---- assembly ----
+
+    def assemble(self, episode: Episode, calls: list[Call]) -> list[Sample]:
+        """The samples of `calls` of `episode`, in the assembly mode. Divergences found while
+        merging are kept on `episode.divergences` and counted in `episode.report`."""
+        options = AssemblyOptions.from_tokenizer(self.tokenizer, self.assembly, self.turn_discount)
+        context = EpisodeContext(
+            episode_id=episode.episode_id,
+            episode_reward=episode.reward,
+            task_id=episode.task_id,
+            group_id=episode.group_id,
+            metadata=dict(episode.metadata) if episode.metadata else None,
+        )
+        samples, divergences = assemble_episode(calls, context, options)
+        episode.divergences.extend(divergences)
+        for divergence in divergences:
+            kind = divergence.kind.value
+            episode.report.divergences[kind] = episode.report.divergences.get(kind, 0) + 1
+        return samples
+
+    def _end(self, episode: Episode, failed: bool) -> list[Sample]:
+        calls = episode._close_calls()
+        with self._lock:
+            self.stats.episodes += 1
+            if failed:
+                self.stats.failed_episodes += 1
+        if failed:
+            return []
+        samples = self.assemble(episode, calls)
+        self._count_samples(episode, samples)
+        return samples
+
+    def _count_samples(self, episode: Episode, samples: list[Sample]) -> None:
+        tokens = trained = 0
+        for sample in samples:
+            tokens += sample.num_tokens
+            trained += sample.num_trained
+        report = episode.report
+        with self._lock:
+            report.samples += len(samples)
+            report.tokens += tokens
+            report.trained_tokens += trained
+            self.stats.samples += len(samples)
+            self.stats.tokens += tokens
+            self.stats.trained_tokens += trained
+
+    def _raise_errors(self, episode: Episode, failed: bool, sink_error: SinkError | None) -> None:
+        if failed:
+            return
+        if episode.errors and self.error_policy is ErrorPolicy.EPISODE:
+            raise EpisodeCaptureError(episode.episode_id, list(episode.errors))
+        if sink_error is not None and self.sink_errors is SinkErrors.RAISE:
+            raise sink_error
+
+    def _sink_failed(self, samples: list[Sample], exc: Exception) -> SinkError:
+        """Count and log a failed hand-off once; the error to raise in the strict mode."""
+        with self._lock:
+            self.stats.sink_failures += 1
+            self.stats.lost_samples += len(samples)
+        logger.error(
+            "%r refused %d samples (%s: %s); counted in collector.stats.lost_samples",
+            self.sink,
+            len(samples),
+            type(exc).__name__,
+            exc,
+        )
+        if isinstance(exc, SinkError):
+            return exc
+        error = SinkError(f"{self.sink!r}: {type(exc).__name__}: {exc}", retryable=False)
+        error.__cause__ = exc
+        return error
+
+    # ---- the export thread (calls outside any episode) ----
+
+    def _start_thread_locked(self) -> None:
+        if self._pid != os.getpid():  # a forked child: the parent's thread is not here
+            self._pid, self._thread = os.getpid(), None
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="tito-export", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                episode, calls = self._queue.popleft()
+                self._busy = True
+            try:
+                self._export_outside(episode, calls)
+            finally:
+                with self._cond:
+                    self._queued_calls -= len(calls)
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _export_outside(self, episode: Episode, calls: list[Call]) -> None:
+        try:
+            samples = self.assemble(episode, calls)
+        except Exception:  # a defect: logged, and the thread goes on with the next calls
+            logger.exception("assembling %d calls outside any episode failed", len(calls))
+            return
+        if not samples:
+            return
+        self._count_samples(episode, samples)
+        try:
+            self.sink.write(samples)
+        except Exception as exc:
+            self._sink_failed(samples, exc)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every queued call outside an episode is handed to the sink."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+
+    def flush(self) -> None:
+        """Return once everything handed over so far is in the sink, and the sink is flushed."""
+        self.drain()
+        self.sink.flush()
+
+    def stop(self) -> None:
+        """Drain the queue and end the export thread (new calls are then counted as lost)."""
+        self.drain()
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()

@@ -3,12 +3,13 @@
 Requests: decide whether a request is captured and add `return_token_ids` (and logprobs on demand)
 without overriding what the caller set. Responses: one `ResponseParser` takes either a whole JSON
 body or the decoded events of an SSE stream, keyed by choice index, and yields one `ParsedChoice`
-per choice with exact id arrays. Shapes: ../shared/reference/vllm-wire-format.md (vLLM 0.32; 0.10.2
+per choice with exact id arrays. Shapes: docs/vllm-wire-format.md (vLLM 0.32; 0.10.2
 and later carry the same id fields).
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from array import array
 from dataclasses import dataclass, field
@@ -609,6 +610,7 @@ def _marker(i: int) -> bytes:
 
 _DIGITS = b"0123456789,"
 _DIGIT_BYTES = frozenset(b"0123456789")
+_LEADING_ZERO = re.compile(rb",0[0-9]")
 
 
 def _fromstring_raises() -> bool:
@@ -646,6 +648,8 @@ def _id_array(text: bytes | memoryview) -> IdArray | None:
         return np.zeros(0, dtype=np.int32)
     if text.translate(None, _DIGITS) or text[0] not in _DIGIT_BYTES or text[-1] not in _DIGIT_BYTES:
         return None
+    if (text[0] == 48 and text[1:2].isdigit()) or (b",0" in text and _LEADING_ZERO.search(text)):
+        return None  # "01" is not JSON (numpy reads it as 1; the C helper refuses it too)
     try:  # an empty item (",,") is text numpy cannot read to the end: ValueError
         values = _parse_int_text(text)
     except ValueError:

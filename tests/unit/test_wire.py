@@ -158,7 +158,19 @@ def test_arrays_capture_did_not_add_are_handed_on_as_they_came() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [b"1,2.5,3", b"1,-2,3", b'1,"2",3', b"1,,3", b"1,2,99999999999", b"1, ,3", b"1,2,", b"+1,2"],
+    [
+        b"1,2.5,3",
+        b"1,-2,3",
+        b'1,"2",3',
+        b"1,,3",
+        b"1,2,99999999999",
+        b"1, ,3",
+        b"1,2,",
+        b"+1,2",
+        b"1,true,3",
+        b"1,01,3",
+        b"01,2",
+    ],
 )
 @pytest.mark.parametrize("kind", ID_PARSERS)
 def test_fast_path_falls_back_and_names_bad_ids(bad: bytes, kind: str) -> None:

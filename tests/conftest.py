@@ -13,6 +13,7 @@ import pytest
 
 CORE_MODULES = frozenset(
     {
+        "test_architecture",
         "test_capture_faults",
         "test_capture_replay",
         "test_cli_stats",
@@ -22,6 +23,7 @@ CORE_MODULES = frozenset(
         "test_convert_trl",
         "test_merge",
         "test_merge_properties",
+        "test_public_api",
         "test_samples_sinks",
         "test_sinks_codec",
         "test_sinks_jsonl_faults",

@@ -27,7 +27,7 @@ from tito_agents._wire import (
     endpoint_for_path,
     prepare_request,
 )
-from tito_agents.calls import EMPTY_IDS, Call, CallStatus, Endpoint
+from tito_agents.calls import EMPTY_IDS, Call, CallStatus, Endpoint, SessionNote
 from tito_agents.config import CaptureSettings, CaptureStats, ErrorPolicy, OutsideEpisode
 from tito_agents.errors import (
     CaptureError,
@@ -35,7 +35,7 @@ from tito_agents.errors import (
     MalformedResponseError,
     OutsideEpisodeError,
 )
-from tito_agents.sessions import Plan, Session, SessionDecision, SessionNote, Turn
+from tito_agents.sessions import Plan, Session, SessionDecision, Turn
 
 logger = logging.getLogger("tito_agents")
 

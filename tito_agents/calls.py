@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from tito_agents.errors import CaptureError
-
-if TYPE_CHECKING:
-    from tito_agents.sessions import SessionNote  # sessions imports this module
 
 IdArray = npt.NDArray[np.int32]
 LogprobArray = npt.NDArray[np.float32]
@@ -40,6 +37,26 @@ class Endpoint(enum.Enum):
 
     CHAT = "chat"
     COMPLETIONS = "completions"
+
+
+class SessionNote(enum.StrEnum):
+    """Values of `Call.session`: how the prompt of a call in session mode was made.
+
+    A `StrEnum`, unlike the configuration choices (`ErrorPolicy`, `AssemblyMode`): it is data on
+    every session call, documented and compared as the plain strings ("token_in", ...), so each
+    member equals, prints and serializes as its string.
+    """
+
+    FIRST = "first"
+    """The first call of a session: rendered by the server as usual."""
+    TOKEN_IN = "token_in"
+    """Previous prompt + sampled ids + delta, sent as token ids."""
+    TOKEN_IN_BRIDGED = "token_in_bridged"
+    """As TOKEN_IN, after bridging a turn that ended without its end-of-turn token (context)."""
+    RESAMPLE = "resample"
+    """The same messages as an earlier turn: its token prompt again (a sibling branch)."""
+    FALLBACK = "fallback"
+    """Rendered by the server; `Call.session_reason` says why."""
 
 
 @dataclass(slots=True)
@@ -79,7 +96,7 @@ class Call:
     """The chat messages of the request, kept in memory (not persisted) for drift checks."""
     tools: list[dict[str, Any]] | None = None
     session: SessionNote | None = None
-    """In token-in session mode, how the prompt was made (`sessions.SessionNote`, equal to its
+    """In token-in session mode, how the prompt was made (`SessionNote`, equal to its
     string: "first", "token_in", ...); else None."""
     session_reason: str | None = None
     """Why a session call fell back to server rendering (or was bridged)."""

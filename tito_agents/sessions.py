@@ -31,7 +31,6 @@ their results, so the sync and async transports drive the same logic with their 
 from __future__ import annotations
 
 import contextlib
-import enum
 import threading
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
@@ -40,31 +39,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tito_agents.calls import IdArray
+from tito_agents.calls import IdArray, SessionNote
 
 TokenizeRequests = list[dict[str, Any]]
 TokenizeResults = list[list[int] | None]
 Plan = Generator[TokenizeRequests, TokenizeResults, "SessionDecision"]
-
-
-class SessionNote(enum.StrEnum):
-    """Values of `Call.session`: how the prompt of a call in session mode was made.
-
-    A `StrEnum`, unlike the configuration choices (`ErrorPolicy`, `AssemblyMode`): it is data on
-    every session call, documented and compared as the plain strings ("token_in", ...), so each
-    member equals, prints and serializes as its string.
-    """
-
-    FIRST = "first"
-    """The first call of a session: rendered by the server as usual."""
-    TOKEN_IN = "token_in"
-    """Previous prompt + sampled ids + delta, sent as token ids."""
-    TOKEN_IN_BRIDGED = "token_in_bridged"
-    """As TOKEN_IN, after bridging a turn that ended without its end-of-turn token (context)."""
-    RESAMPLE = "resample"
-    """The same messages as an earlier turn: its token prompt again (a sibling branch)."""
-    FALLBACK = "fallback"
-    """Rendered by the server; `Call.session_reason` says why."""
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 import tito_agents as tito
-from tito_agents.sessions import SessionNote
+from tito_agents.calls import SessionNote
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, RequestView
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 

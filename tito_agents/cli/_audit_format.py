@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tito_agents.cli._audit_report import AuditReport, CaseResult
 from tito_agents.cli._term import Painter
-
-if TYPE_CHECKING:
-    from tito_agents.cli.audit import AuditReport, CaseResult
 
 __all__ = ["format_report"]
 

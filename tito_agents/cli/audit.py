@@ -14,8 +14,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
@@ -29,7 +28,8 @@ from tito_agents.cli._audit_cases import (
     dialects,
 )
 from tito_agents.cli._audit_format import format_report
-from tito_agents.cli._audit_hints import Hint, Mismatch, find_hint, marker_start
+from tito_agents.cli._audit_hints import Mismatch, find_hint, marker_start
+from tito_agents.cli._audit_report import AuditReport, CaseResult
 from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
 from tito_agents.cli._render import RenderRefused, TemplateRenderer, load_renderer
 from tito_agents.cli._term import Painter, color_enabled
@@ -37,76 +37,8 @@ from tito_agents.cli._tokenizers import decode_tokens
 
 __all__ = ["AuditReport", "CaseResult", "add_parser", "audit_template", "run"]
 
-Verdict = Literal["pass", "fail", "unsupported"]
 _CONTEXT_CHARS = 40
 _CONTEXT_TOKENS = 4
-
-
-@dataclass(frozen=True, slots=True)
-class CaseResult:
-    """The verdict of one case. `position` is a character index (level "text") or a token index
-    (level "tokens"); `context` holds what precedes it and what each rendering has there."""
-
-    case: AuditCase
-    verdict: Verdict
-    level: Literal["text", "tokens"] | None = None
-    dialect: str | None = None
-    position: int | None = None
-    context: dict[str, Any] | None = None
-    hint: Hint | None = None
-    error: str | None = None
-    dialect_used: Dialect | None = None
-    """The message spelling the template accepted (`dialect` is its description)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "case": self.case.case_id,
-            "description": self.case.description,
-            "check": self.case.check,
-            "tool_calls": self.case.tool_calls,
-            "reasoning": self.case.reasoning,
-            "tools": self.case.tools,
-            "appended": self.case.appended,
-            "verdict": self.verdict,
-            "level": self.level,
-            "dialect": self.dialect,
-            "position": self.position,
-            "context": self.context,
-            "hint": None if self.hint is None else {"code": self.hint.code, "text": self.hint.text},
-            "error": self.error,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class AuditReport:
-    """Every case's verdict for one template."""
-
-    origin: str
-    tokenizer_origin: str | None
-    token_level: bool
-    template_sha256: str
-    results: list[CaseResult]
-
-    def counts(self) -> dict[str, int]:
-        counts = {"pass": 0, "fail": 0, "unsupported": 0}
-        for result in self.results:
-            counts[result.verdict] += 1
-        return counts
-
-    @property
-    def passed(self) -> bool:
-        return self.counts()["fail"] == 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "template": self.origin,
-            "tokenizer": self.tokenizer_origin,
-            "level": "tokens" if self.token_level else "text",
-            "template_sha256": self.template_sha256,
-            "passed": self.passed,
-            "summary": self.counts(),
-            "cases": [r.to_dict() for r in self.results],
-        }
 
 
 def audit_template(

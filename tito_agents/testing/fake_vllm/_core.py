@@ -1,7 +1,7 @@
 """The pure core of the fake vLLM: configuration, fault switches, stats, and `FakeVLLM.handle`.
 
 `handle` turns one HTTP request into a `FakeResponse` (a body, or an async iterator of SSE events)
-without touching a socket; `FakeVLLMServer` (in `_fake_server`) puts it on the network. The public
+without touching a socket; `FakeVLLMServer` (in `_server`) puts it on the network. The public
 names are re-exported by `tito_agents.testing.fake_vllm`.
 """
 
@@ -18,14 +18,14 @@ from typing import Any
 
 import orjson
 
-from tito_agents.testing import _fake_wire as wire
-from tito_agents.testing._fake_chat import chat
-from tito_agents.testing._fake_codec import TokenCodec, TokenizerLike
-from tito_agents.testing._fake_completions import completions
-from tito_agents.testing._fake_engine import Engine, EngineSettings, Reply, WireFaults
-from tito_agents.testing._fake_model import FakeModel, Responder, Tokenization
-from tito_agents.testing._fake_requests import FakeHTTPError, parse_json_object
-from tito_agents.testing._fake_responder import default_responder
+from tito_agents.testing.fake_vllm import _wire as wire
+from tito_agents.testing.fake_vllm._chat import chat
+from tito_agents.testing.fake_vllm._codec import TokenCodec, TokenizerLike
+from tito_agents.testing.fake_vllm._completions import completions
+from tito_agents.testing.fake_vllm._engine import Engine, EngineSettings, Reply, WireFaults
+from tito_agents.testing.fake_vllm._model import FakeModel, Responder, Tokenization
+from tito_agents.testing.fake_vllm._requests import FakeHTTPError, parse_json_object
+from tito_agents.testing.fake_vllm._responder import default_responder
 from tito_agents.testing.smollm2 import EOS_ID, MODEL_NAME, load_tokenizer
 
 __all__ = [

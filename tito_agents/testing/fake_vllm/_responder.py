@@ -20,8 +20,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tito_agents.testing._fake_hash import mix, text_key
-from tito_agents.testing._fake_model import RequestView
+from tito_agents.testing.fake_vllm._hash import mix, text_key
+from tito_agents.testing.fake_vllm._model import RequestView
 
 __all__ = ["default_responder", "hermes_tool_call"]
 

@@ -1,8 +1,16 @@
 """A faithful fake vLLM 0.32 OpenAI-compatible server on the real SmolLM2 tokenizer, for tests.
 
 `FakeVLLM` is the pure core: `handle(method, path, body, headers)` returns a `FakeResponse` without
-any I/O, so it can be unit-tested directly. `FakeVLLMServer` serves it over real HTTP/1.1 on
-127.0.0.1 (keep-alive, chunked SSE, hundreds of concurrent connections) from a background thread:
+any I/O, so it can be unit-tested directly. `mock_transport(fake)` puts it behind an in-process
+httpx/httpx2 transport (no socket, no thread), for openai clients in tests:
+
+    from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, mock_transport
+    fake = FakeVLLM(FakeConfig(responder=lambda view: "Hello."))
+    client = openai.OpenAI(base_url="http://vllm.test/v1", api_key="x",
+                           http_client=openai.DefaultHttpxClient(transport=mock_transport(fake)))
+
+`FakeVLLMServer` serves it over real HTTP/1.1 on 127.0.0.1 (keep-alive, chunked SSE, hundreds of
+concurrent connections) from a background thread:
 
     from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
     with FakeVLLMServer(FakeConfig(tokenization="drift")) as srv:
@@ -15,6 +23,12 @@ wire format byte for byte (key order, nulls, SSE framing), see docs/vllm-wire-fo
 Fault switches (`Faults`) reproduce old servers and broken networks; each is off by default and can
 also be set for one request with the header `x-fake-fault: name[=value][, ...]`.
 
+This package's `__all__` is its whole public surface. Its modules are private (leading underscore)
+and may change: `_core` (config, faults, `FakeVLLM.handle`), `_server` (HTTP), `_mock` (in-process
+transport), `_engine` with `_chat` and `_completions` (the endpoints), `_requests` (request
+validation), `_wire` (vLLM's JSON and SSE shapes), `_model`, `_responder`, `_codec`, `_logprobs`,
+`_tools` and `_hash` (what the fake model says, and how it is tokenized and scored).
+
 Run standalone (serves until killed): `python -m tito_agents.testing.fake_vllm --port 8765`.
 """
 
@@ -25,7 +39,7 @@ import contextlib
 import threading
 from collections.abc import Sequence
 
-from tito_agents.testing._fake_core import (
+from tito_agents.testing.fake_vllm._core import (
     FAULT_HEADER,
     FakeConfig,
     FakeResponse,
@@ -34,9 +48,10 @@ from tito_agents.testing._fake_core import (
     Faults,
     StreamCut,
 )
-from tito_agents.testing._fake_model import RequestView, Responder, Tokenization
-from tito_agents.testing._fake_responder import default_responder, hermes_tool_call
-from tito_agents.testing._fake_server import FakeVLLMServer
+from tito_agents.testing.fake_vllm._mock import Handler, mock_transport
+from tito_agents.testing.fake_vllm._model import RequestView, Responder, Tokenization
+from tito_agents.testing.fake_vllm._responder import default_responder, hermes_tool_call
+from tito_agents.testing.fake_vllm._server import FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME
 
 __all__ = [
@@ -47,6 +62,7 @@ __all__ = [
     "FakeVLLM",
     "FakeVLLMServer",
     "Faults",
+    "Handler",
     "RequestView",
     "Responder",
     "StreamCut",
@@ -54,6 +70,7 @@ __all__ = [
     "default_responder",
     "hermes_tool_call",
     "main",
+    "mock_transport",
 ]
 
 
@@ -82,7 +99,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"fake vLLM 0.32 ({config.model}) serving at {server.base_url}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
-
-
-if __name__ == "__main__":
-    main()

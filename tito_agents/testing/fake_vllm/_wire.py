@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from tito_agents.testing._fake_logprobs import Scored
+from tito_agents.testing.fake_vllm._logprobs import Scored
 
 __all__ = [
     "DONE",

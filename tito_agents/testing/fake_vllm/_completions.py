@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tito_agents.testing import _fake_wire as wire
-from tito_agents.testing._fake_engine import (
+from tito_agents.testing.fake_vllm import _wire as wire
+from tito_agents.testing.fake_vllm._engine import (
     DONE,
     Engine,
     Json,
@@ -24,9 +24,9 @@ from tito_agents.testing._fake_engine import (
     strip_events,
     strip_token_ids,
 )
-from tito_agents.testing._fake_logprobs import Scored
-from tito_agents.testing._fake_model import RequestView, Sample
-from tito_agents.testing._fake_requests import CompletionRequest, parse_completion
+from tito_agents.testing.fake_vllm._logprobs import Scored
+from tito_agents.testing.fake_vllm._model import RequestView, Sample
+from tito_agents.testing.fake_vllm._requests import CompletionRequest, parse_completion
 
 __all__ = ["completions"]
 

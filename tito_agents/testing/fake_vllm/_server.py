@@ -18,7 +18,7 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
-from tito_agents.testing._fake_core import (
+from tito_agents.testing.fake_vllm._core import (
     FakeConfig,
     FakeResponse,
     FakeStats,

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from tito_agents.testing._fake_hash import mix, unit_interval
+from tito_agents.testing.fake_vllm._hash import mix, unit_interval
 
 __all__ = ["TextDecoder", "TokenCodec", "TokenizerLike"]
 

@@ -10,8 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tito_agents.testing import _fake_wire as wire
-from tito_agents.testing._fake_engine import (
+from tito_agents.testing.fake_vllm import _wire as wire
+from tito_agents.testing.fake_vllm._engine import (
     DONE,
     Engine,
     Json,
@@ -24,10 +24,10 @@ from tito_agents.testing._fake_engine import (
     strip_events,
     strip_token_ids,
 )
-from tito_agents.testing._fake_logprobs import Scored
-from tito_agents.testing._fake_model import RequestView, Sample
-from tito_agents.testing._fake_requests import ChatRequest, parse_chat
-from tito_agents.testing._fake_tools import (
+from tito_agents.testing.fake_vllm._logprobs import Scored
+from tito_agents.testing.fake_vllm._model import RequestView, Sample
+from tito_agents.testing.fake_vllm._requests import ChatRequest, parse_chat
+from tito_agents.testing.fake_vllm._tools import (
     HermesStream,
     ToolDelta,
     new_tool_call_id,

@@ -1,6 +1,6 @@
 """What the fake vLLM's endpoints share: settings, prompt rendering, stop rules, small endpoints.
 
-Chat (`_fake_chat`) and completions (`_fake_completions`) follow one path: resolve the prompt ids,
+Chat (`_chat`) and completions (`_completions`) follow one path: resolve the prompt ids,
 resolve the stop rules here, let the fake model sample every choice (`FakeModel.sample`), then
 serialize the samples in the requested shape. Streams come from the same samples as bodies, one
 chunk per sampled token, so streamed `token_ids` always concatenate to the non-stream ones.
@@ -8,7 +8,7 @@ chunk per sampled token, so streamed `token_ids` always concatenate to the non-s
 The fault switches that change *what* vLLM would say (missing ids, nulls with
 `include_reasoning=false`, lost parser chunks, mismatching lengths) travel as `WireFaults` into the
 endpoints; those that change *how* bytes travel (latency, cuts, malformed framing) stay in
-`_fake_core`.
+`_core`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tito_agents.testing import _fake_wire as wire
-from tito_agents.testing._fake_codec import TokenCodec
-from tito_agents.testing._fake_logprobs import LogprobModel, Scored, StepLogprobs
-from tito_agents.testing._fake_model import FakeModel, StopRules
-from tito_agents.testing._fake_requests import (
+from tito_agents.testing.fake_vllm import _wire as wire
+from tito_agents.testing.fake_vllm._codec import TokenCodec
+from tito_agents.testing.fake_vllm._logprobs import LogprobModel, Scored, StepLogprobs
+from tito_agents.testing.fake_vllm._model import FakeModel, StopRules
+from tito_agents.testing.fake_vllm._requests import (
     ChatRequest,
     FakeHTTPError,
     SamplingRequest,

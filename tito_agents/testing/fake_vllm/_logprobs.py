@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tito_agents.testing._fake_hash import float32, fold, mix, unit_interval
+from tito_agents.testing.fake_vllm._hash import float32, fold, mix, unit_interval
 
 __all__ = ["LogprobModel", "Scored", "StepLogprobs"]
 

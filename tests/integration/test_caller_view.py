@@ -8,17 +8,15 @@ the caller asked for itself is left alone.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-import httpx2
 import openai
 import pytest
 
 import tito_agents as tito
 from tito_agents._wire import ResponseParser, prepare_request
 from tito_agents.calls import Endpoint
-from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM
+from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, mock_transport
 from tito_agents.testing.smollm2 import MODEL_NAME
 
 ANSWER = "It is sunny in Paris, with a light breeze from the west."
@@ -33,17 +31,10 @@ def fake() -> FakeVLLM:
 
 
 def client_for(fake: FakeVLLM) -> openai.OpenAI:
-    def handler(request: httpx2.Request) -> httpx2.Response:
-        response = fake.handle(
-            request.method, request.url.path, request.content, dict(request.headers)
-        )
-        content = asyncio.run(response.read())
-        return httpx2.Response(response.status, headers=response.headers, content=content)
-
     return openai.OpenAI(
         base_url="http://vllm.test/v1",
         api_key="x",
-        http_client=openai.DefaultHttpxClient(transport=httpx2.MockTransport(handler)),
+        http_client=openai.DefaultHttpxClient(transport=mock_transport(fake)),
     )
 
 
@@ -134,18 +125,11 @@ def test_nothing_added_means_nothing_rewritten() -> None:
 
 
 async def test_async_caller_sees_the_unwrapped_response(fake: FakeVLLM) -> None:
-    def handler(request: httpx2.Request) -> httpx2.Response:
-        response = fake.handle(
-            request.method, request.url.path, request.content, dict(request.headers)
-        )
-        return httpx2.Response(response.status, headers=response.headers, content=response.body)
-
     def client() -> openai.AsyncOpenAI:
-        transport = httpx2.MockTransport(handler)
         return openai.AsyncOpenAI(
             base_url="http://vllm.test/v1",
             api_key="x",
-            http_client=openai.DefaultAsyncHttpxClient(transport=transport),
+            http_client=openai.DefaultAsyncHttpxClient(transport=mock_transport(fake)),
         )
 
     collector = tito.Collector(capture_logprobs=True)

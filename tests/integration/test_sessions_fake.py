@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx2
 import numpy as np
 import openai
 import orjson
@@ -16,7 +16,13 @@ import pytest
 
 import tito_agents as tito
 from tito_agents.calls import SessionNote
-from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, RequestView
+from tito_agents.testing.fake_vllm import (
+    FakeConfig,
+    FakeResponse,
+    FakeVLLM,
+    RequestView,
+    mock_transport,
+)
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 
 TOOLS = [
@@ -43,31 +49,27 @@ def responder(view: RequestView) -> str:
     return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-Hook = Callable[[str, bytes], tuple[str, bytes] | httpx2.Response]
+Hook = Callable[[str, bytes], tuple[str, bytes] | FakeResponse]
 
 
 def make_client(
     fake: FakeVLLM, collector: tito.Collector, hook: Hook | None = None, *, sessions: bool = True
 ) -> openai.OpenAI:
-    """A sync openai client whose HTTP goes to the pure fake core (optionally through `hook`)."""
+    """A sync openai client whose HTTP goes to the pure fake core (optionally through `hook`,
+    which may change a request's path and body, or answer it instead of the fake)."""
 
-    def handler(request: httpx2.Request) -> httpx2.Response:
-        path, body = request.url.path, request.content
+    def handle(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> FakeResponse:
         if hook is not None:
             hooked = hook(path, body)
-            if isinstance(hooked, httpx2.Response):
+            if isinstance(hooked, FakeResponse):
                 return hooked
             path, body = hooked
-        response = fake.handle(request.method, path, body, dict(request.headers))
-        import asyncio
-
-        content = asyncio.run(response.read())
-        return httpx2.Response(response.status, headers=response.headers, content=content)
+        return fake.handle(method, path, body, headers)
 
     client = openai.OpenAI(
         base_url="http://vllm.test/v1",
         api_key="x",
-        http_client=openai.DefaultHttpxClient(transport=httpx2.MockTransport(handler)),
+        http_client=openai.DefaultHttpxClient(transport=mock_transport(handle)),
     )
     return collector.wrap(client, sessions=sessions)
 
@@ -221,9 +223,11 @@ def test_non_prefix_preserving_template_falls_back() -> None:
 def test_server_without_tokenize_falls_back(drift_fake: FakeVLLM) -> None:
     """No /tokenize on the server: every later call is rendered by the server, with the reason."""
 
-    def no_tokenize(path: str, body: bytes) -> tuple[str, bytes] | httpx2.Response:
+    def no_tokenize(path: str, body: bytes) -> tuple[str, bytes] | FakeResponse:
         if path == "/tokenize":
-            return httpx2.Response(404, json={"detail": "Not Found"})
+            return FakeResponse(
+                404, [("content-type", "application/json")], b'{"detail":"Not Found"}'
+            )
         return path, body
 
     collector = tito.Collector()
@@ -259,22 +263,12 @@ def test_server_ignoring_the_token_prompt_is_detected(drift_fake: FakeVLLM) -> N
 async def test_async_streaming_sessions(drift_fake: FakeVLLM) -> None:
     """Streaming async calls keep exact prefixes too (the assistant message is rebuilt from
     deltas to check append-only)."""
-    import asyncio
-
-    def handler(request: httpx2.Request) -> httpx2.Response:
-        response = drift_fake.handle(
-            request.method, request.url.path, request.content, dict(request.headers)
-        )
-        if response.stream is None:
-            return httpx2.Response(response.status, headers=response.headers, content=response.body)
-        return httpx2.Response(response.status, headers=response.headers, content=response.stream)
-
     collector = tito.Collector()
     client = collector.wrap(
         openai.AsyncOpenAI(
             base_url="http://vllm.test/v1",
             api_key="x",
-            http_client=openai.DefaultAsyncHttpxClient(transport=httpx2.MockTransport(handler)),
+            http_client=openai.DefaultAsyncHttpxClient(transport=mock_transport(drift_fake)),
         ),
         sessions=True,
     )

@@ -38,6 +38,9 @@ class Capture:
 
 
 def load_capture(name: str, directory: Path = CAPTURES) -> Capture:
+    """`name` from `directory`; `real/<name>` is one of the SmolLM2 captures in `REAL_VLLM`."""
+    if name.startswith("real/"):
+        name, directory = name.removeprefix("real/"), REAL_VLLM
     raw = (directory / f"{name}.txt").read_bytes()
     head, body = raw.split(b"\n\n", 1)
     lines = head.decode().splitlines()
@@ -120,3 +123,32 @@ def replay_clients(replay: Replay, base_url: str = BASE_URL) -> tuple[Any, Any]:
 
 
 RequestFn = Callable[..., Any]
+
+
+def split_request(request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """openai SDK arguments for a capture's request: vLLM-only fields go to extra_body."""
+    req = dict(request)
+    stream = bool(req.pop("stream", False))
+    base = {k: req.pop(k) for k in ("model", "messages", "prompt") if k in req}
+    base["extra_body"] = req
+    return base, stream
+
+
+def run_sync(client: Any, cap: Capture) -> Any:
+    """Send a capture's request through a sync openai client; a stream is read to its end."""
+    base, stream = split_request(cap.request)
+    create = client.chat.completions.create if "messages" in base else client.completions.create
+    result = create(**base, stream=stream)
+    if stream:
+        return [chunk for chunk in result]
+    return result
+
+
+async def run_async(client: Any, cap: Capture) -> Any:
+    """`run_sync` for an async openai client."""
+    base, stream = split_request(cap.request)
+    create = client.chat.completions.create if "messages" in base else client.completions.create
+    result = await create(**base, stream=stream)
+    if stream:
+        return [chunk async for chunk in result]
+    return result

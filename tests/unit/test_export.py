@@ -1,4 +1,6 @@
-"""A failing sink never breaks the agent: calls outside an episode queue their samples (never
+"""Export, the hand-off of samples to the sink (`tito_agents.export`).
+
+A failing sink never breaks the agent: calls outside an episode queue their samples (never
 written inside the call), an episode's exit logs and counts a sink failure, and raises it only
 in the strict mode; the default `Collector(path)` rides out a full disk."""
 
@@ -16,8 +18,15 @@ from pathlib import Path
 import pytest
 
 import tito_agents as tito
-from tests.captures import REPO_ROOT, Capture, Replay, load_capture, replay_clients
-from tests.unit.test_capture_replay import run_async, run_sync
+from tests.captures import (
+    REPO_ROOT,
+    Capture,
+    Replay,
+    load_capture,
+    replay_clients,
+    run_async,
+    run_sync,
+)
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks import BufferedSink, CallbackSink, Sink

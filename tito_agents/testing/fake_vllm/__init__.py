@@ -76,7 +76,10 @@ __all__ = [
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m tito_agents.testing.fake_vllm`: serve a fake vLLM until interrupted."""
-    parser = argparse.ArgumentParser(description="Serve a fake vLLM 0.32 (SmolLM2 tokenizer).")
+    parser = argparse.ArgumentParser(
+        prog="python -m tito_agents.testing.fake_vllm",
+        description="Serve a fake vLLM 0.32 (SmolLM2 tokenizer).",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--model", default=MODEL_NAME)

@@ -1,185 +1,137 @@
 """Capture transports for the HTTP library inside the openai client (httpx, or httpx2 for openai >= 3).
 
-This is the only module that touches an httpx-family library. The two libraries share one transport
-interface, so the classes are built once per library by `transport_classes(module)`. Each transport
-holds the real inner transport and adds one concern: rewriting captured requests and teeing their
-responses into the `CaptureCore`. Sync and async classes differ only in how they do I/O.
+This is the only module that touches an httpx-family library's transport interface. The two
+libraries share it, so the classes are built once per library by `transport_classes(module)`. Each
+transport holds the real inner transport and adds one concern: capturing POSTs to vLLM-marked
+hosts. What happens to a request is `_flow.request_flow`, written once without I/O; the sync and
+async transports only run it, each performing the I/O steps its way.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-import time
 import types
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
-import orjson
 
-from tito_agents._capture import CaptureCore, PendingCall, StreamTee
-
-logger = logging.getLogger("tito_agents")
+from tito_agents._capture import CaptureCore, StreamTee
+from tito_agents._flow import Close, Flow, ReadBody, Send, Step, Tokenize, request_flow, tokens_of
 
 
-def _body_kind(response: Any) -> tuple[bool, bool]:
-    """(an SSE stream?, a compressed body?) from one pass over the raw header pairs (`get` on
-    httpx headers decodes and joins every match: this runs on every captured call)."""
-    stream = encoded = False
-    for key, value in response.headers.raw:
-        key = key.lower()
-        if key == b"content-type":
-            stream = value.lstrip().lower().startswith(b"text/event-stream")
-        elif key == b"content-encoding":
-            encoded = value.strip().lower() not in (b"identity", b"")
-    return stream, encoded
+class _Driver:
+    """Feeds a flow the result (or the exception) of each step's I/O and hands out its next step;
+    the runners below only perform the steps."""
 
+    __slots__ = ("_flow", "error", "response", "result")
 
-def _decide(core: CaptureCore, request: Any) -> tuple[bytes, PendingCall] | None:
-    """Whether to capture `request`; if so, the body to send (rewritten) and its pending record."""
-    try:
-        body = request.content
-    except Exception:  # a streaming upload: not an OpenAI-style JSON request
-        return None
-    url = request.url
-    decision = core.begin(request.method, url.host, url.port, url.path, body)
-    if decision is None:
-        return None
-    new_body, pending = decision
-    return (body if new_body is None else new_body), pending
+    def __init__(self, flow: Flow) -> None:
+        self._flow = flow
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.response: Any = None
 
-
-def _joined(out: bytes | Iterable[bytes]) -> bytes:
-    return out if isinstance(out, bytes) else b"".join(out)
-
-
-class _Decoders:
-    """The content decoders of one response as one incremental decoder for the stream tee.
-
-    They are the HTTP library's own (its private `_decoders`), so capture reads exactly what the
-    caller's client decodes from the same bytes. Encodings apply in the order listed, so the last
-    is undone first. httpx's decoders return bytes, httpx2's yield bounded pieces: both are read
-    as bytes here."""
-
-    __slots__ = ("_chain",)
-
-    def __init__(self, decoders: list[Any]) -> None:
-        self._chain = decoders[::-1]
-
-    def decode(self, data: bytes) -> bytes:
-        for decoder in self._chain:
-            data = _joined(decoder.decode(data))
-        return data
-
-    def flush(self) -> bytes:
-        data = b""
-        for decoder in self._chain:
-            data = _joined(decoder.decode(data)) + _joined(decoder.flush())
-        return data
-
-
-def _content_decoders(module: Any, response: Any) -> tuple[_Decoders | None, str | None]:
-    """For a body a server compressed although capture asked for `identity`: (its decoder, None),
-    or (None, the encoding the HTTP library cannot decode, which it would pass on undecoded)."""
-    supported = getattr(getattr(module, "_decoders", None), "SUPPORTED_DECODERS", None) or {}
-    decoders = []
-    for name in response.headers.get_list("content-encoding", split_commas=True):
-        name = name.strip().lower()
-        if name in ("", "identity"):
-            continue
+    def next_step(self) -> Step | None:
+        """The next I/O step, or None once the flow returned its response (`response`)."""
         try:
-            decoders.append(supported[name]())
-        except Exception:  # unknown here, or a library whose decoders take arguments
-            return None, name
-    return (_Decoders(decoders) if decoders else None), None
+            error, self.error = self.error, None
+            step = self._flow.send(self.result) if error is None else self._flow.throw(error)
+        except StopIteration as done:
+            self.response = done.value
+            return None
+        self.result = None
+        return step
+
+    def __enter__(self) -> _Driver:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> bool:
+        """An exception of a step's I/O goes to the flow (at the step that asked for it)."""
+        self.error = exc
+        return exc is not None
 
 
-_REPLACED_REQUEST_HEADERS = (b"content-length", b"accept-encoding")
+def _run_sync(flow: Flow, inner: Any) -> Any:
+    """Drive `flow` to its response, doing each step's I/O on the inner sync transport."""
+    driver = _Driver(flow)
+    while (step := driver.next_step()) is not None:
+        with driver:
+            driver.result = _do_sync(step, inner)
+    return driver.response
 
 
-def _rebuild(module: Any, request: Any, body: bytes) -> Any:
-    """`request` with `body`, uncompressed responses asked for (the SSE tee reads raw bytes). The
-    headers are copied as raw pairs: several times cheaper than a `Headers` copy, per call."""
-    headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _REPLACED_REQUEST_HEADERS]
-    headers += ((b"accept-encoding", b"identity"), (b"content-length", b"%d" % len(body)))
-    rebuilt = module.Request(
-        request.method,
-        request.url,
-        headers=headers,
-        stream=module.ByteStream(body),
-        extensions=request.extensions,
-    )
-    rebuilt.read()  # `content` readable, as for a request built from bytes
-    return rebuilt
+def _do_sync(step: Step, inner: Any) -> Any:
+    if isinstance(step, Send):
+        return inner.handle_request(step.request)
+    if isinstance(step, Tokenize):
+        return [_tokenize_sync(inner, request) for request in step.requests]
+    if isinstance(step, ReadBody):
+        if step.decoded:
+            return step.response.read()
+        try:  # the raw chunks: httpx's decoding generators have nothing to do here
+            return b"".join(step.response.stream)
+        finally:
+            step.response.close()
+    step.response.close()
+    return None
 
 
-def _already_read(response: Any) -> bytes | None:
-    """The decoded body of a response an inner transport built from bytes (`Response(content=...)`
-    reads it at once, and its stream may not be readable a second time), else None."""
-    content = getattr(response, "_content", None)
-    return content if isinstance(content, bytes) else None
-
-
-_REPLACED_RESPONSE_HEADERS = (b"content-length", b"content-encoding", b"transfer-encoding")
-
-
-def _with_body(module: Any, response: Any, body: bytes) -> Any:
-    """`response` carrying `body` (decoded), already read: the client's own read of it is then a
-    no-op instead of a second pass through httpx's decoder and chunker generators (measured:
-    about 35 us per call, more than all of capture's parsing). Raw header pairs, as in
-    `_rebuild`; `body` is whole and decoded, so it has a length and neither a content nor a
-    transfer encoding."""
-    headers = [
-        (k, v) for k, v in response.headers.raw if k.lower() not in _REPLACED_RESPONSE_HEADERS
-    ]
-    headers.append((b"content-length", b"%d" % len(body)))
-    rebuilt = module.Response(
-        response.status_code,
-        headers=headers,
-        stream=module.ByteStream(body),
-        extensions=response.extensions,
-    )
-    # what `Response(content=...)` ends with, without its generator pass over the body (a later
-    # httpx without this attribute just reads the ByteStream: slower, still correct)
-    rebuilt._content = body
-    return rebuilt
-
-
-def _tokenize_request(module: Any, request: Any, payload: dict[str, Any]) -> Any:
-    """A `POST /tokenize` to the server of `request` (vLLM serves it at the root, not under /v1)."""
-    path = request.url.path.rstrip("/")
-    for suffix in ("/chat/completions", "/completions"):
-        if path.endswith(suffix):
-            path = path[: -len(suffix)]
-            break
-    path = path.removesuffix("/v1")
-    headers = {"content-type": "application/json", "accept-encoding": "identity"}
-    if "authorization" in request.headers:
-        headers["authorization"] = request.headers["authorization"]
-    return module.Request(
-        "POST",
-        request.url.copy_with(path=f"{path}/tokenize", query=None),
-        headers=headers,
-        content=orjson.dumps(payload),
-        extensions=request.extensions,
-    )
-
-
-def _tokens(status: int, body: bytes) -> list[int] | None:
-    if status != 200:
-        return None
+def _tokenize_sync(inner: Any, request: Any) -> list[int] | None:
+    response = inner.handle_request(request)
     try:
-        tokens = orjson.loads(body).get("tokens")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    return tokens if isinstance(tokens, list) else None
+        return tokens_of(response.status_code, response.read())
+    finally:
+        response.close()
 
 
-def _plan_failed(pending: PendingCall) -> None:
-    logger.warning(
-        "token-in session planning failed; the call is rendered by the server", exc_info=True
-    )
+async def _run_async(flow: Flow, inner: Any) -> Any:
+    """`_run_sync` for the async transport: the same flow, awaited I/O."""
+    driver = _Driver(flow)
+    while (step := driver.next_step()) is not None:
+        with driver:
+            driver.result = await _do_async(step, inner)
+    return driver.response
+
+
+async def _do_async(step: Step, inner: Any) -> Any:
+    if isinstance(step, Send):
+        return await inner.handle_async_request(step.request)
+    if isinstance(step, Tokenize):
+        return await _tokenize_all(inner, step.requests)
+    if isinstance(step, ReadBody):
+        if step.decoded:
+            return await step.response.aread()
+        try:
+            return b"".join([chunk async for chunk in step.response.stream])
+        finally:
+            await step.response.aclose()
+    assert isinstance(step, Close)
+    await step.response.aclose()
+    return None
+
+
+async def _tokenize_all(inner: Any, requests: list[Any]) -> list[list[int] | None]:
+    """The renders of one plan step do not depend on each other: ask them all at once (anyio, so
+    trio-run clients work too)."""
+    results: list[list[int] | None] = [None] * len(requests)
+
+    async def one(i: int) -> None:
+        response = await inner.handle_async_request(requests[i])
+        try:
+            results[i] = tokens_of(response.status_code, await response.aread())
+        finally:
+            await response.aclose()
+
+    if len(requests) == 1:
+        await one(0)
+        return results
+    async with anyio.create_task_group() as group:
+        for i in range(len(requests)):
+            group.start_soon(one, i)
+    return results
 
 
 @functools.cache
@@ -187,6 +139,8 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
     """The (sync, async) capture transport classes for `module` (httpx or httpx2)."""
 
     class SyncTee(module.SyncByteStream):  # type: ignore[name-defined,misc]
+        """The response stream handed to the caller; each chunk also feeds the tee."""
+
         def __init__(self, inner: Any, tee: StreamTee) -> None:
             self._inner = inner
             self._tee = tee
@@ -204,6 +158,8 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
                 self._inner.close()
 
     class AsyncTee(module.AsyncByteStream):  # type: ignore[name-defined,misc]
+        """`SyncTee` for async streams."""
+
         def __init__(self, inner: Any, tee: StreamTee) -> None:
             self._inner = inner
             self._tee = tee
@@ -228,81 +184,7 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
             self.core = core
 
         def handle_request(self, request: Any) -> Any:
-            decided = _decide(self.core, request)
-            if decided is None:
-                return self.inner.handle_request(request)
-            body, pending = decided
-            if pending.plan is not None:
-                body = self._run_plan(request, pending, body)
-            request = _rebuild(module, request, body)
-            try:
-                response = self.inner.handle_request(request)
-            except BaseException:
-                self.core.discard(pending, None)
-                raise
-            if not 200 <= response.status_code < 300:
-                self.core.discard(pending, response.status_code)
-                return response
-            stream, encoded = _body_kind(response)
-            decoders, unreadable = _content_decoders(module, response) if encoded else (None, None)
-            if stream:  # the caller's client decodes its own copy, as without capture
-                tee = self.core.open_stream(
-                    pending, response.status_code, decompressor=decoders, unreadable=unreadable
-                )
-                return module.Response(
-                    response.status_code,
-                    headers=response.headers,
-                    stream=SyncTee(response.stream, tee),
-                    extensions=response.extensions,
-                )
-            if unreadable is not None:  # recorded; the caller gets the response as it came
-                try:
-                    self.core.refuse_body(pending, response.status_code, unreadable)
-                except BaseException:  # the strict policy fails the call
-                    response.close()
-                    raise
-                return response
-            try:
-                already = _already_read(response)
-                if already is not None:
-                    body = already
-                elif encoded:  # a server that ignored `accept-encoding: identity`
-                    body = response.read()
-                else:  # the raw chunks: httpx's decoding generators have nothing to do here
-                    try:
-                        body = b"".join(response.stream)
-                    finally:
-                        response.close()
-            except BaseException:
-                self.core.discard(pending, response.status_code)
-                raise
-            caller_body = self.core.finish_body(pending, response.status_code, body)
-            return _with_body(module, response, body if caller_body is None else caller_body)
-
-        def _run_plan(self, request: Any, pending: PendingCall, body: bytes) -> bytes:
-            """Drive a token-in session plan, answering its /tokenize asks over the inner transport."""
-            plan, decision, started = pending.plan, None, time.perf_counter()
-            assert plan is not None
-            try:
-                asks = next(plan)
-                while True:
-                    results = []
-                    for ask in asks:
-                        response = self.inner.handle_request(
-                            _tokenize_request(module, request, ask)
-                        )
-                        try:
-                            results.append(_tokens(response.status_code, response.read()))
-                        finally:
-                            response.close()
-                    asks = plan.send(results)
-            except StopIteration as stop:
-                decision = stop.value
-            except Exception:
-                _plan_failed(pending)
-            body = self.core.apply_decision(pending, decision, body) or body
-            pending.session_ms = (time.perf_counter() - started) * 1000
-            return body
+            return _run_sync(request_flow(module, self.core, request, SyncTee), self.inner)
 
         def close(self) -> None:
             self.inner.close()
@@ -315,98 +197,8 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
             self.core = core
 
         async def handle_async_request(self, request: Any) -> Any:
-            decided = _decide(self.core, request)
-            if decided is None:
-                return await self.inner.handle_async_request(request)
-            body, pending = decided
-            if pending.plan is not None:
-                body = await self._run_plan(request, pending, body)
-            request = _rebuild(module, request, body)
-            try:
-                response = await self.inner.handle_async_request(request)
-            except BaseException:
-                self.core.discard(pending, None)
-                raise
-            if not 200 <= response.status_code < 300:
-                self.core.discard(pending, response.status_code)
-                return response
-            stream, encoded = _body_kind(response)
-            decoders, unreadable = _content_decoders(module, response) if encoded else (None, None)
-            if stream:  # the caller's client decodes its own copy, as without capture
-                tee = self.core.open_stream(
-                    pending, response.status_code, decompressor=decoders, unreadable=unreadable
-                )
-                return module.Response(
-                    response.status_code,
-                    headers=response.headers,
-                    stream=AsyncTee(response.stream, tee),
-                    extensions=response.extensions,
-                )
-            if unreadable is not None:  # recorded; the caller gets the response as it came
-                try:
-                    self.core.refuse_body(pending, response.status_code, unreadable)
-                except BaseException:  # the strict policy fails the call
-                    await response.aclose()
-                    raise
-                return response
-            try:
-                already = _already_read(response)
-                if already is not None:
-                    body = already
-                elif encoded:  # a server that ignored `accept-encoding: identity`
-                    body = await response.aread()
-                else:  # the raw chunks (see the sync twin)
-                    try:
-                        body = b"".join([chunk async for chunk in response.stream])
-                    finally:
-                        await response.aclose()
-            except BaseException:
-                self.core.discard(pending, response.status_code)
-                raise
-            caller_body = self.core.finish_body(pending, response.status_code, body)
-            return _with_body(module, response, body if caller_body is None else caller_body)
-
-        async def _run_plan(self, request: Any, pending: PendingCall, body: bytes) -> bytes:
-            """Async twin of the sync `_run_plan` (same plan, same asks, awaited I/O)."""
-            plan, decision, started = pending.plan, None, time.perf_counter()
-            assert plan is not None
-            try:
-                asks = next(plan)
-                while True:
-                    asks = plan.send(await self._tokenize_all(request, asks))
-            except StopIteration as stop:
-                decision = stop.value
-            except Exception:
-                _plan_failed(pending)
-            body = self.core.apply_decision(pending, decision, body) or body
-            pending.session_ms = (time.perf_counter() - started) * 1000
-            return body
-
-        async def _tokenize_all(
-            self, request: Any, asks: list[dict[str, Any]]
-        ) -> list[list[int] | None]:
-            """The renders of one plan step do not depend on each other: ask them all at once
-            (anyio, so trio-run clients work too)."""
-            if len(asks) == 1:
-                return [await self._tokenize(request, asks[0])]
-            results: list[list[int] | None] = [None] * len(asks)
-
-            async def one(i: int) -> None:
-                results[i] = await self._tokenize(request, asks[i])
-
-            async with anyio.create_task_group() as group:
-                for i in range(len(asks)):
-                    group.start_soon(one, i)
-            return results
-
-        async def _tokenize(self, request: Any, ask: dict[str, Any]) -> list[int] | None:
-            response = await self.inner.handle_async_request(
-                _tokenize_request(module, request, ask)
-            )
-            try:
-                return _tokens(response.status_code, await response.aread())
-            finally:
-                await response.aclose()
+            flow = request_flow(module, self.core, request, AsyncTee)
+            return await _run_async(flow, self.inner)
 
         async def aclose(self) -> None:
             await self.inner.aclose()

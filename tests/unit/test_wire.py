@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tests.captures import load_capture
 from tito_agents import _wire
-from tito_agents._wire import ResponseParser, SSEDecoder, prepare_request
+from tito_agents._wire import ResponseParser, SSEDecoder, fastpath, prepare_request
 from tito_agents.calls import Endpoint
 from tito_agents.errors import MalformedResponseError
 
@@ -26,13 +26,13 @@ ID_PARSERS = ["c", "numpy"]
 @contextlib.contextmanager
 def id_parser(kind: str) -> Iterator[None]:
     """Parse cut-out id arrays with the C helper, or with the numpy path used without it."""
-    saved = _wire._speedups
+    saved = fastpath._speedups
     if kind == "numpy":
-        _wire._speedups = None  # type: ignore[assignment]
+        fastpath._speedups = None  # type: ignore[assignment]
     try:
         yield
     finally:
-        _wire._speedups = saved
+        fastpath._speedups = saved
 
 
 def chat_body(prompt: list[int], choices: list[list[int]], logprobs: bool) -> bytes:

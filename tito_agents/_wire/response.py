@@ -1,24 +1,19 @@
-"""vLLM wire parsing, the only place that knows the request and response shapes.
-
-Requests: decide whether a request is captured and add `return_token_ids` (and logprobs on demand)
-without overriding what the caller set. Responses: one `ResponseParser` takes either a whole JSON
-body or the decoded events of an SSE stream, keyed by choice index, and yields one `ParsedChoice`
-per choice with exact id arrays. Shapes: docs/vllm-wire-format.md (vLLM 0.32; 0.10.2
-and later carry the same id fields).
-"""
+"""Responses: one `ResponseParser` per call takes either a whole JSON body or the decoded events of
+an SSE stream, keyed by choice index, and yields one `ParsedChoice` per choice with exact id
+arrays; it also rebuilds the body the caller gets (only the fields capture added are nulled).
+Shapes: docs/vllm-wire-format.md (vLLM 0.32; 0.10.2 and later carry the same id fields)."""
 
 from __future__ import annotations
 
-import re
-import warnings
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 
+from tito_agents._wire.fastpath import _BodySegments, _FallBack, _id_array
+from tito_agents._wire.request import RequestInfo
 from tito_agents.calls import Endpoint, IdArray, LogprobArray
 from tito_agents.errors import (
     CaptureError,
@@ -27,131 +22,16 @@ from tito_agents.errors import (
     TokenCountMismatchError,
 )
 
-_SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "max_tokens",
-    "max_completion_tokens",
-    "n",
-    "seed",
-    "logprobs",
-    "top_logprobs",
-    "stop",
-    "stop_token_ids",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "tool_choice",
-    "response_format",
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-)
-_SAMPLING_SET = frozenset(_SAMPLING_KEYS)
 _TOP_ID_KEYS = ("prompt_token_ids",)
 _CHOICE_ID_KEYS = ("token_ids", "prompt_token_ids")
 """Where a response carries the ids `return_token_ids` asks for: the fields capture nulls again
 for a caller that did not ask for them."""
-_MAX_ID = 2**31 - 1
 _ABSENT: Any = object()
 
 _NO_IDS_FIX = (
     "use vLLM >= 0.10.2 (it returns ids when a request carries return_token_ids), or do not mark "
     "this host as vLLM if it is another server"
 )
-
-
-# --------------------------------------------------------------------------------------------------
-# Requests
-#
-# `sampling` keeps what a trainer needs to interpret the rollout logprobs: temperature and top-p, the
-# logprob settings, and whether decoding was constrained (tool_choice "required"/named, structured
-# outputs): vLLM computes logprobs after the grammar mask, so constrained tokens carry the logprob
-# of the masked distribution, not of the free model.
-
-
-@dataclass(slots=True)
-class RequestInfo:
-    """What the capture layer needs to remember about a request it rewrote."""
-
-    endpoint: Endpoint
-    stream: bool
-    n: int
-    sampling: dict[str, Any]
-    wants_logprobs: bool
-    messages: list[dict[str, Any]] | None
-    tools: list[dict[str, Any]] | None
-    include_reasoning: bool = True
-    payload: dict[str, Any] | None = None
-    """The parsed request body (token-in sessions rewrite it)."""
-    want_message: bool = False
-    """Keep each choice's assistant message (token-in sessions compare it with the next request)."""
-    added_ids: bool = False
-    """Capture added `return_token_ids` (the caller did not ask for ids)."""
-    added_logprobs: bool = False
-    """Capture added `logprobs` (the caller did not ask for them)."""
-
-
-def endpoint_for_path(path: str) -> Endpoint | None:
-    """The endpoint a POST path targets, or None when the path is not one we capture."""
-    path = path.rstrip("/")
-    if path.endswith("/chat/completions"):
-        return Endpoint.CHAT
-    if path.endswith("/completions"):
-        return Endpoint.COMPLETIONS
-    return None
-
-
-def prepare_request(
-    endpoint: Endpoint, body: bytes, *, capture_logprobs: bool
-) -> tuple[bytes | None, RequestInfo] | None:
-    """Inspect a JSON request body and add the vLLM fields capture needs.
-
-    Returns `(new_body, info)`; `new_body` is None when the body needs no change (the caller already
-    asked for ids). Returns None when the request is not captured: not a JSON object, or the caller
-    explicitly set `return_token_ids: false`.
-    """
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(payload, dict):
-        return None
-    added_ids = added_logprobs = False
-    if "return_token_ids" not in payload:
-        payload["return_token_ids"] = True
-        added_ids = True
-    elif payload["return_token_ids"] is not True:
-        return None
-    if capture_logprobs and payload.get("logprobs") is None:
-        # chat: a boolean; legacy completions: an int top-k count, 0 = only the sampled token
-        payload["logprobs"] = True if endpoint is Endpoint.CHAT else 0
-        added_logprobs = True
-    asked = payload.get("logprobs")
-    chat = endpoint is Endpoint.CHAT
-    wants_logprobs = asked is True if chat else (type(asked) is int and asked >= 0)
-    messages = payload.get("messages") if chat else None
-    tools = payload.get("tools")
-    info = RequestInfo(
-        endpoint=endpoint,
-        stream=bool(payload.get("stream")),
-        n=int(payload.get("n") or 1),
-        # a request has a handful of keys: test those, not every sampling key
-        sampling={k: v for k, v in payload.items() if k in _SAMPLING_SET},
-        wants_logprobs=wants_logprobs,
-        messages=messages if type(messages) is list else None,
-        tools=tools if type(tools) is list else None,
-        include_reasoning=payload.get("include_reasoning", True) is not False,
-        payload=payload,
-        added_ids=added_ids,
-        added_logprobs=added_logprobs,
-    )
-    changed = added_ids or added_logprobs
-    return (orjson.dumps(payload) if changed else None), info
 
 
 # --------------------------------------------------------------------------------------------------
@@ -464,7 +344,8 @@ class ResponseParser:
                 segments = self._segments
                 content = lp.get("content") if isinstance(lp, dict) else None
                 if segments is not None and isinstance(content, str):
-                    choice.logprobs = segments.logprobs(content)
+                    entries = {"content": segments.logprob_entries(content)}
+                    choice.logprobs = _chat_logprobs(entries, "logprobs")
                 else:
                     choice.logprobs = _chat_logprobs(lp, what)
             else:
@@ -589,296 +470,3 @@ class ResponseParser:
                         "vLLM < 0.13 drops chunks swallowed by tool/reasoning parsers).",
                         fix="use vLLM >= 0.13 for streaming with parsers, or call without stream",
                     )
-
-
-class _FallBack(Exception):
-    """A cut-out segment did not parse on the fast path: parse the body whole instead."""
-
-
-_ID_KEY = b'token_ids":['
-_CONTENT_KEY = b'"logprobs":{"content":['
-_CONTENT_END = b']},"finish_reason":'
-_MARK = "\x00tito:"
-_NUL = b"\\u0000"
-"""How NUL, which starts every marker, appears in JSON text (a raw NUL byte is invalid JSON)."""
-
-
-def _marker(i: int) -> bytes:
-    """The JSON string standing in for cut-out array `i` (it decodes to `_MARK` + i)."""
-    return b'"\\u0000tito:%d"' % i
-
-
-_DIGITS = b"0123456789,"
-_DIGIT_BYTES = frozenset(b"0123456789")
-_LEADING_ZERO = re.compile(rb",0[0-9]")
-
-
-def _fromstring_raises() -> bool:
-    """Whether this numpy raises on text it cannot read to the end (newer numpy) rather than
-    warning (older numpy, where the warning must be turned into an error around each parse)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            np.fromstring(b"1,,2", dtype=np.int64, sep=",")
-        except ValueError:
-            return True
-    return False
-
-
-_FROMSTRING_RAISES = _fromstring_raises()
-
-try:  # the optional C helper (tito_agents/_speedups.c, built at install when a compiler exists)
-    from tito_agents import _speedups
-except ImportError:  # pragma: no cover - depends on the install
-    _speedups = None  # type: ignore[assignment]
-
-
-def _id_array(text: bytes | memoryview) -> IdArray | None:
-    """The ids of the text between the brackets of a JSON id list, or None when it is not only
-    JSON integers in [0, 2**31) (a float, a string, `true`, a sign...).
-
-    With the C helper: one pass (JSON whitespace allowed). Without it, numpy's text parser on
-    compact JSON only (what vLLM sends: digits and single commas), since numpy reads "1, ,2" as
-    [1, 0, 2]."""
-    if _speedups is not None:  # one pass in C: validation and values
-        parsed = _speedups.parse_ids(text)
-        return None if parsed is None else np.frombuffer(parsed, dtype=np.int32)
-    text = bytes(text)
-    if not text:
-        return np.zeros(0, dtype=np.int32)
-    if text.translate(None, _DIGITS) or text[0] not in _DIGIT_BYTES or text[-1] not in _DIGIT_BYTES:
-        return None
-    if (text[0] == 48 and text[1:2].isdigit()) or (b",0" in text and _LEADING_ZERO.search(text)):
-        return None  # "01" is not JSON (numpy reads it as 1; the C helper refuses it too)
-    try:  # an empty item (",,") is text numpy cannot read to the end: ValueError
-        values = _parse_int_text(text)
-    except ValueError:
-        return None
-    if values.max() > _MAX_ID:  # numpy saturates at 2**63 - 1, so this sees every overflow
-        return None
-    return values.astype(np.int32)
-
-
-def _parse_int_text(segment: bytes) -> npt.NDArray[np.int64]:
-    """`np.fromstring` of comma-separated ints; raises ValueError on text it cannot read whole."""
-    if _FROMSTRING_RAISES:
-        return np.fromstring(segment, dtype=np.int64, sep=",")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        try:
-            return np.fromstring(segment, dtype=np.int64, sep=",")
-        except DeprecationWarning as exc:
-            raise ValueError(str(exc)) from None
-
-
-class _BodySegments:
-    """A JSON body with its long arrays cut out and replaced by marker strings.
-
-    `token_ids` arrays become int32 arrays through `_id_array`, so the JSON parser builds no
-    Python int per token; chat logprob entries are parsed on their own, only when present. The cut
-    points are found by byte search: the keys contain quotes, which cannot occur unescaped inside a
-    string. The cut-out arrays are views of the body, not copies.
-
-    A marker is a JSON string starting with NUL. The server's text can only hold NUL as the escape
-    `\\u0000`; a body with one anywhere outside the cut-out arrays is not split (it parses whole),
-    so no string a server sends, as a value or a key, can be taken for a marker, and no marker text
-    can be found in the server's own strings when `restore` puts the arrays back.
-    """
-
-    __slots__ = ("_pieces", "_raw", "skeleton")
-
-    def __init__(self, pieces: list[bytes], raw: list[memoryview]) -> None:
-        self._pieces = pieces
-        """The body between the cut-out arrays (one more piece than arrays)."""
-        self._raw = raw
-        parts = [pieces[0]]
-        for i in range(len(raw)):
-            parts += (_marker(i), pieces[i + 1])
-        self.skeleton = b"".join(parts)
-
-    @classmethod
-    def split(cls, body: bytes) -> _BodySegments | None:
-        """Cut the id arrays, and the chat logprob entries before them, out of `body`."""
-        if len(body) < 2048:
-            return None  # small bodies parse whole just as fast
-        view = memoryview(body)
-        pieces: list[bytes] = []
-        raw: list[memoryview] = []
-        pos = 0
-        key = body.find(_ID_KEY)
-        while key != -1:
-            # vLLM writes a choice's logprobs before its token_ids, so entries are only looked for
-            # between the last cut and the next ids: each byte is searched once
-            content = body.find(_CONTENT_KEY, pos, key)
-            if content != -1:
-                start = content + len(_CONTENT_KEY)
-                end = body.find(_CONTENT_END, start, key)
-                if end == -1:
-                    return None
-                close = end + 1  # keep "}" of the logprobs object
-            else:
-                start = key + len(_ID_KEY)
-                end = body.find(b"]", start)
-                if end == -1:
-                    return None
-                close = end + 1
-                key = body.find(_ID_KEY, close)
-            pieces.append(body[pos : start - 1])
-            raw.append(view[start:end])
-            pos = close
-        if not raw:
-            return None
-        pieces.append(body[pos:])
-        if any(_NUL in piece for piece in pieces):
-            # a string of the server's may hold NUL (JSON writes it only as \u0000), so it could
-            # equal a marker: no markers then. Otherwise every string the skeleton parses to that
-            # starts with `_MARK` is a marker this split put exactly where its array was cut out.
-            return None
-        return cls(pieces, raw)
-
-    def join(self, nulled: set[int]) -> bytes:
-        """The body again, byte for byte, except that the cut-out arrays `nulled` are `null`."""
-        pieces, raw = self._pieces, self._raw
-        parts: list[bytes | memoryview] = [pieces[0]]
-        for i, segment in enumerate(raw):
-            if i in nulled:
-                parts.append(b"null")
-            else:
-                parts += (b"[", segment, b"]")
-            parts.append(pieces[i + 1])
-        return b"".join(parts)
-
-    def restore(self, dumped: bytes) -> bytes:
-        """`dumped` (the skeleton, edited and serialized again) with every marker still in it
-        replaced by the array it stands for."""
-        for i, raw in enumerate(self._raw):
-            marker = _marker(i)
-            if marker in dumped:
-                dumped = dumped.replace(marker, b"[" + raw + b"]")
-        return dumped
-
-    def index_of(self, value: Any) -> int | None:
-        """Which cut-out array a parsed skeleton value stands for, or None if it is no marker."""
-        if type(value) is not str or not value.startswith(_MARK):
-            return None
-        digits = value[len(_MARK) :]
-        if not digits.isdigit() or int(digits) >= len(self._raw):
-            return None
-        return int(digits)
-
-    def _segment(self, marker: str) -> memoryview:
-        index = self.index_of(marker)
-        if index is None:
-            raise MalformedResponseError("token ids are a string, expected a list of ints")
-        return self._raw[index]
-
-    def ids(self, marker: str) -> IdArray:
-        """The ids of a cut-out array; `_FallBack` when the text is not plain JSON integers in
-        [0, 2**31), so the full parser accepts valid JSON and names the problem in the rest."""
-        ids = _id_array(self._segment(marker))
-        if ids is None:
-            raise _FallBack
-        return ids
-
-    def logprobs(self, marker: str) -> LogprobArray:
-        segment = self._segment(marker)
-        try:
-            content = orjson.loads(b"[" + segment + b"]")
-        except orjson.JSONDecodeError:
-            raise _FallBack from None
-        return _chat_logprobs({"content": content}, "logprobs")  # type: ignore[return-value]
-
-
-_BOM = b"\xef\xbb\xbf"
-_START, _AFTER_CR = 1, 2
-"""`SSEDecoder` states besides the usual 0: the stream's first bytes (a BOM may begin them), and
-just after a chunk that ended with CR (an LF starting the next chunk ends the same line)."""
-
-
-class SSEDecoder:
-    """Incremental Server-Sent Events decoder: bytes in, `data:` payloads out, as the WHATWG event
-    stream interpretation reads them, whatever the chunk boundaries.
-
-    Lines end with LF, CRLF or a bare CR; a CR that ends one chunk and an LF that starts the next
-    are one line end (so the event is complete at the CR, as an eager client like the openai SDK
-    sees it, and the LF is not a second, event-ending, blank line). Comment lines and other fields
-    (`event:`, `id:`) are skipped, several `data:` lines join with LF, one leading BOM is dropped.
-    `[DONE]` is reported as the payload b"[DONE]".
-
-    Line ends are normalized to LF as bytes arrive, so events split on b"\n\n" in one C call per
-    chunk; a chunk with no CR (what vLLM sends) takes no extra pass.
-    """
-
-    __slots__ = ("_buffer", "_state")
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._state = _START
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Add bytes; return the data payloads of every event completed by them."""
-        if self._state:
-            data = self._edge(data)
-        if b"\r" in data:
-            if data[-1:] == b"\r":
-                self._state = _AFTER_CR
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        buffer = self._buffer + data if self._buffer else data
-        *events, self._buffer = buffer.split(b"\n\n")  # one C call for a chunk of many events
-        out: list[bytes] = []
-        for event in events:
-            if event[:6] == b"data: " and b"\n" not in event:
-                out.append(event[6:])  # the usual event: one "data: " line
-            elif event:
-                payload = _event_data(event)
-                if payload is not None:
-                    out.append(payload)
-        return out
-
-    def _edge(self, data: bytes) -> bytes:
-        """`data` without what belongs to the state: a leading BOM, or the LF of a CRLF whose CR
-        ended the previous chunk. Rare, so kept off the per-chunk path."""
-        if self._state == _AFTER_CR:
-            if not data:
-                return data  # an empty read: the next byte may still be that LF
-            self._state = 0
-            return data[1:] if data[:1] == b"\n" else data
-        head = self._buffer + data  # the stream's first bytes, fewer than 3 so far
-        if len(head) < 3 and _BOM.startswith(head):
-            self._buffer = head  # too short to know whether a BOM begins the stream
-            return b""
-        self._state, self._buffer = 0, b""
-        return head[3:] if head.startswith(_BOM) else head
-
-    def flush(self, *, complete_lines: bool = False) -> list[bytes]:
-        """The payload of the event left pending, as if a blank line followed.
-
-        At the end of the body (default) its last line counts even without a line end (lenient: a
-        server may omit the final newline). When the caller closes the stream early
-        (`complete_lines`), only lines whose end arrived count: a client that reads lines, such as
-        one that stops at the line `data: [DONE]`, may close before the blank line that follows."""
-        rest, self._buffer = self._buffer, b""
-        if self._state == _START:
-            self._state = 0
-            rest = rest.removeprefix(_BOM)  # the partial BOM itself cannot end a line
-        if complete_lines:
-            rest = rest[: rest.rfind(b"\n") + 1]
-        payload = _event_data(rest) if rest else None
-        return [payload] if payload is not None else []
-
-
-def _event_data(event: bytes) -> bytes | None:
-    """The data of one event (its lines, LF-separated), or None when it has no `data` field.
-
-    A line is a field `name:value` (one space after the colon is dropped) or a bare `name`; only
-    `data` fields count; lines starting with ":" are comments."""
-    data: bytes | None = None
-    for line in event.split(b"\n"):
-        if line[:5] == b"data:":
-            value = line[6:] if line[5:6] == b" " else line[5:]
-        elif line == b"data":
-            value = b""
-        else:
-            continue
-        data = value if data is None else data + b"\n" + value
-    return data

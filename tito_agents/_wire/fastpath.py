@@ -1,0 +1,219 @@
+"""The fast path for long id arrays: they are cut out of the body bytes and parsed by the C helper
+(`tito_agents/_speedups.c`) or numpy, so the JSON parser never builds a Python int per token."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from tito_agents.calls import IdArray
+from tito_agents.errors import (
+    MalformedResponseError,
+)
+
+_MAX_ID = 2**31 - 1
+"""The largest id vLLM can send (int32)."""
+
+
+class _FallBack(Exception):
+    """A cut-out segment did not parse on the fast path: parse the body whole instead."""
+
+
+_ID_KEY = b'token_ids":['
+_CONTENT_KEY = b'"logprobs":{"content":['
+_CONTENT_END = b']},"finish_reason":'
+_MARK = "\x00tito:"
+_NUL = b"\\u0000"
+"""How NUL, which starts every marker, appears in JSON text (a raw NUL byte is invalid JSON)."""
+
+
+def _marker(i: int) -> bytes:
+    """The JSON string standing in for cut-out array `i` (it decodes to `_MARK` + i)."""
+    return b'"\\u0000tito:%d"' % i
+
+
+_DIGITS = b"0123456789,"
+_DIGIT_BYTES = frozenset(b"0123456789")
+_LEADING_ZERO = re.compile(rb",0[0-9]")
+
+
+def _fromstring_raises() -> bool:
+    """Whether this numpy raises on text it cannot read to the end (newer numpy) rather than
+    warning (older numpy, where the warning must be turned into an error around each parse)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            np.fromstring(b"1,,2", dtype=np.int64, sep=",")
+        except ValueError:
+            return True
+    return False
+
+
+_FROMSTRING_RAISES = _fromstring_raises()
+
+try:  # the optional C helper (tito_agents/_speedups.c, built at install when a compiler exists)
+    from tito_agents import _speedups
+except ImportError:  # pragma: no cover - depends on the install
+    _speedups = None  # type: ignore[assignment]
+
+
+def _id_array(text: bytes | memoryview) -> IdArray | None:
+    """The ids of the text between the brackets of a JSON id list, or None when it is not only
+    JSON integers in [0, 2**31) (a float, a string, `true`, a sign...).
+
+    With the C helper: one pass (JSON whitespace allowed). Without it, numpy's text parser on
+    compact JSON only (what vLLM sends: digits and single commas), since numpy reads "1, ,2" as
+    [1, 0, 2]."""
+    if _speedups is not None:  # one pass in C: validation and values
+        parsed = _speedups.parse_ids(text)
+        return None if parsed is None else np.frombuffer(parsed, dtype=np.int32)
+    text = bytes(text)
+    if not text:
+        return np.zeros(0, dtype=np.int32)
+    if text.translate(None, _DIGITS) or text[0] not in _DIGIT_BYTES or text[-1] not in _DIGIT_BYTES:
+        return None
+    if (text[0] == 48 and text[1:2].isdigit()) or (b",0" in text and _LEADING_ZERO.search(text)):
+        return None  # "01" is not JSON (numpy reads it as 1; the C helper refuses it too)
+    try:  # an empty item (",,") is text numpy cannot read to the end: ValueError
+        values = _parse_int_text(text)
+    except ValueError:
+        return None
+    if values.max() > _MAX_ID:  # numpy saturates at 2**63 - 1, so this sees every overflow
+        return None
+    return values.astype(np.int32)
+
+
+def _parse_int_text(segment: bytes) -> npt.NDArray[np.int64]:
+    """`np.fromstring` of comma-separated ints; raises ValueError on text it cannot read whole."""
+    if _FROMSTRING_RAISES:
+        return np.fromstring(segment, dtype=np.int64, sep=",")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            return np.fromstring(segment, dtype=np.int64, sep=",")
+        except DeprecationWarning as exc:
+            raise ValueError(str(exc)) from None
+
+
+class _BodySegments:
+    """A JSON body with its long arrays cut out and replaced by marker strings.
+
+    `token_ids` arrays become int32 arrays through `_id_array`, so the JSON parser builds no
+    Python int per token; chat logprob entries are parsed on their own, only when present. The cut
+    points are found by byte search: the keys contain quotes, which cannot occur unescaped inside a
+    string. The cut-out arrays are views of the body, not copies.
+
+    A marker is a JSON string starting with NUL. The server's text can only hold NUL as the escape
+    `\\u0000`; a body with one anywhere outside the cut-out arrays is not split (it parses whole),
+    so no string a server sends, as a value or a key, can be taken for a marker, and no marker text
+    can be found in the server's own strings when `restore` puts the arrays back.
+    """
+
+    __slots__ = ("_pieces", "_raw", "skeleton")
+
+    def __init__(self, pieces: list[bytes], raw: list[memoryview]) -> None:
+        self._pieces = pieces
+        """The body between the cut-out arrays (one more piece than arrays)."""
+        self._raw = raw
+        parts = [pieces[0]]
+        for i in range(len(raw)):
+            parts += (_marker(i), pieces[i + 1])
+        self.skeleton = b"".join(parts)
+
+    @classmethod
+    def split(cls, body: bytes) -> _BodySegments | None:
+        """Cut the id arrays, and the chat logprob entries before them, out of `body`."""
+        if len(body) < 2048:
+            return None  # small bodies parse whole just as fast
+        view = memoryview(body)
+        pieces: list[bytes] = []
+        raw: list[memoryview] = []
+        pos = 0
+        key = body.find(_ID_KEY)
+        while key != -1:
+            # vLLM writes a choice's logprobs before its token_ids, so entries are only looked for
+            # between the last cut and the next ids: each byte is searched once
+            content = body.find(_CONTENT_KEY, pos, key)
+            if content != -1:
+                start = content + len(_CONTENT_KEY)
+                end = body.find(_CONTENT_END, start, key)
+                if end == -1:
+                    return None
+                close = end + 1  # keep "}" of the logprobs object
+            else:
+                start = key + len(_ID_KEY)
+                end = body.find(b"]", start)
+                if end == -1:
+                    return None
+                close = end + 1
+                key = body.find(_ID_KEY, close)
+            pieces.append(body[pos : start - 1])
+            raw.append(view[start:end])
+            pos = close
+        if not raw:
+            return None
+        pieces.append(body[pos:])
+        if any(_NUL in piece for piece in pieces):
+            # a string of the server's may hold NUL (JSON writes it only as \u0000), so it could
+            # equal a marker: no markers then. Otherwise every string the skeleton parses to that
+            # starts with `_MARK` is a marker this split put exactly where its array was cut out.
+            return None
+        return cls(pieces, raw)
+
+    def join(self, nulled: set[int]) -> bytes:
+        """The body again, byte for byte, except that the cut-out arrays `nulled` are `null`."""
+        pieces, raw = self._pieces, self._raw
+        parts: list[bytes | memoryview] = [pieces[0]]
+        for i, segment in enumerate(raw):
+            if i in nulled:
+                parts.append(b"null")
+            else:
+                parts += (b"[", segment, b"]")
+            parts.append(pieces[i + 1])
+        return b"".join(parts)
+
+    def restore(self, dumped: bytes) -> bytes:
+        """`dumped` (the skeleton, edited and serialized again) with every marker still in it
+        replaced by the array it stands for."""
+        for i, raw in enumerate(self._raw):
+            marker = _marker(i)
+            if marker in dumped:
+                dumped = dumped.replace(marker, b"[" + raw + b"]")
+        return dumped
+
+    def index_of(self, value: Any) -> int | None:
+        """Which cut-out array a parsed skeleton value stands for, or None if it is no marker."""
+        if type(value) is not str or not value.startswith(_MARK):
+            return None
+        digits = value[len(_MARK) :]
+        if not digits.isdigit() or int(digits) >= len(self._raw):
+            return None
+        return int(digits)
+
+    def _segment(self, marker: str) -> memoryview:
+        index = self.index_of(marker)
+        if index is None:
+            raise MalformedResponseError("token ids are a string, expected a list of ints")
+        return self._raw[index]
+
+    def ids(self, marker: str) -> IdArray:
+        """The ids of a cut-out array; `_FallBack` when the text is not plain JSON integers in
+        [0, 2**31), so the full parser accepts valid JSON and names the problem in the rest."""
+        ids = _id_array(self._segment(marker))
+        if ids is None:
+            raise _FallBack
+        return ids
+
+    def logprob_entries(self, marker: str) -> list[Any]:
+        """The entries of a cut-out chat `logprobs.content` array (parsed only when asked for)."""
+        segment = self._segment(marker)
+        try:
+            entries: list[Any] = orjson.loads(b"[" + segment + b"]")
+        except orjson.JSONDecodeError:
+            raise _FallBack from None
+        return entries

@@ -1,0 +1,128 @@
+"""Requests: whether a request to a vLLM host is captured, and what is added to it.
+
+`prepare_request` adds `return_token_ids` (and logprobs on demand) without overriding what the
+caller set, and records what a trainer needs to interpret the rollout (`RequestInfo.sampling`).
+Shapes: docs/vllm-wire-format.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tito_agents.calls import Endpoint
+
+_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "tool_choice",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
+_SAMPLING_SET = frozenset(_SAMPLING_KEYS)
+
+# --------------------------------------------------------------------------------------------------
+# Requests
+#
+# `sampling` keeps what a trainer needs to interpret the rollout logprobs: temperature and top-p, the
+# logprob settings, and whether decoding was constrained (tool_choice "required"/named, structured
+# outputs): vLLM computes logprobs after the grammar mask, so constrained tokens carry the logprob
+# of the masked distribution, not of the free model.
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """What the capture layer needs to remember about a request it rewrote."""
+
+    endpoint: Endpoint
+    stream: bool
+    n: int
+    sampling: dict[str, Any]
+    wants_logprobs: bool
+    messages: list[dict[str, Any]] | None
+    tools: list[dict[str, Any]] | None
+    include_reasoning: bool = True
+    payload: dict[str, Any] | None = None
+    """The parsed request body (token-in sessions rewrite it)."""
+    want_message: bool = False
+    """Keep each choice's assistant message (token-in sessions compare it with the next request)."""
+    added_ids: bool = False
+    """Capture added `return_token_ids` (the caller did not ask for ids)."""
+    added_logprobs: bool = False
+    """Capture added `logprobs` (the caller did not ask for them)."""
+
+
+def endpoint_for_path(path: str) -> Endpoint | None:
+    """The endpoint a POST path targets, or None when the path is not one we capture."""
+    path = path.rstrip("/")
+    if path.endswith("/chat/completions"):
+        return Endpoint.CHAT
+    if path.endswith("/completions"):
+        return Endpoint.COMPLETIONS
+    return None
+
+
+def prepare_request(
+    endpoint: Endpoint, body: bytes, *, capture_logprobs: bool
+) -> tuple[bytes | None, RequestInfo] | None:
+    """Inspect a JSON request body and add the vLLM fields capture needs.
+
+    Returns `(new_body, info)`; `new_body` is None when the body needs no change (the caller already
+    asked for ids). Returns None when the request is not captured: not a JSON object, or the caller
+    explicitly set `return_token_ids: false`.
+    """
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(payload, dict):
+        return None
+    added_ids = added_logprobs = False
+    if "return_token_ids" not in payload:
+        payload["return_token_ids"] = True
+        added_ids = True
+    elif payload["return_token_ids"] is not True:
+        return None
+    if capture_logprobs and payload.get("logprobs") is None:
+        # chat: a boolean; legacy completions: an int top-k count, 0 = only the sampled token
+        payload["logprobs"] = True if endpoint is Endpoint.CHAT else 0
+        added_logprobs = True
+    asked = payload.get("logprobs")
+    chat = endpoint is Endpoint.CHAT
+    wants_logprobs = asked is True if chat else (type(asked) is int and asked >= 0)
+    messages = payload.get("messages") if chat else None
+    tools = payload.get("tools")
+    info = RequestInfo(
+        endpoint=endpoint,
+        stream=bool(payload.get("stream")),
+        n=int(payload.get("n") or 1),
+        # a request has a handful of keys: test those, not every sampling key
+        sampling={k: v for k, v in payload.items() if k in _SAMPLING_SET},
+        wants_logprobs=wants_logprobs,
+        messages=messages if type(messages) is list else None,
+        tools=tools if type(tools) is list else None,
+        include_reasoning=payload.get("include_reasoning", True) is not False,
+        payload=payload,
+        added_ids=added_ids,
+        added_logprobs=added_logprobs,
+    )
+    changed = added_ids or added_logprobs
+    return (orjson.dumps(payload) if changed else None), info

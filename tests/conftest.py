@@ -14,8 +14,8 @@ import pytest
 CORE_MODULES = frozenset(
     {
         "test_architecture",
+        "test_capture",
         "test_capture_faults",
-        "test_capture_replay",
         "test_cli_stats",
         "test_collector",
         "test_convert_advantages",
@@ -31,6 +31,7 @@ CORE_MODULES = frozenset(
         "test_sinks_jsonl_faults",
         "test_sinks_queue",
         "test_speedups",
+        "test_sse_framing",
         "test_wire",
     }
 )

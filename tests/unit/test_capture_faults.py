@@ -12,8 +12,7 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.captures import Capture, Replay, load_capture, replay_clients
-from tests.unit.test_capture_replay import run_async, run_sync
+from tests.captures import Capture, Replay, load_capture, replay_clients, run_async, run_sync
 
 MSG = [{"role": "user", "content": "x"}]
 
@@ -255,50 +254,6 @@ async def test_cancelled_stream_is_incomplete() -> None:
             await task
     assert ep.calls[0].status is tito.CallStatus.INCOMPLETE
     assert ep.report.incomplete == 1
-
-
-def test_calls_outside_an_episode_default_to_immediate_samples() -> None:
-    """Default: a call outside any episode becomes a per-call sample of episode "default",
-    assembled and written by the export thread (off the request path); `flush` waits for it."""
-    collector, client = collect(load_capture("chat_ns"))
-    run_sync(client, load_capture("chat_ns"))
-    assert collector.default_episode.calls == []  # memory stays bounded
-    collector.flush()
-    samples = collector.sink.samples  # type: ignore[attr-defined]
-    assert [s.episode_id for s in samples] == ["default"]
-    assert collector.stats.samples == 1
-
-
-def test_calls_outside_an_episode_can_be_refused() -> None:
-    """outside_episode='error' refuses the request before it is sent."""
-    cap = load_capture("chat_ns")
-    replay = Replay([cap])
-    client, _ = replay_clients(replay)
-    tito.Collector(outside_episode="error").wrap(client)
-    with pytest.raises(tito.errors.OutsideEpisodeError):
-        client.chat.completions.create(model="tiny", messages=MSG)
-    assert replay.received == []
-
-
-def test_failed_episode_writes_no_samples() -> None:
-    """An episode whose body raised writes nothing (its reward cannot be trusted) and is counted."""
-    collector, client = collect(load_capture("chat_ns"))
-    with pytest.raises(RuntimeError), collector.episode() as ep:
-        run_sync(client, load_capture("chat_ns"))
-        raise RuntimeError("agent crashed")
-    assert len(ep.calls) == 1
-    assert collector.sink.samples == []  # type: ignore[attr-defined]
-    assert collector.stats.failed_episodes == 1
-
-
-def test_rewards_must_be_finite() -> None:
-    """NaN or infinite rewards are refused when set, not trained on later."""
-    collector, _ = collect(load_capture("chat_ns"))
-    with collector.episode() as ep:
-        with pytest.raises(ValueError, match="finite"):
-            ep.set_reward(float("nan"))
-        ep.set_reward(0.5)
-    assert ep.reward == 0.5
 
 
 def body_transport(
@@ -577,44 +532,3 @@ def test_boolean_ids_are_a_typed_error_and_no_sample(stream: bool) -> None:
     assert isinstance(ep.calls[0].error, tito.errors.MalformedResponseError)
     assert ep.calls[0].status is tito.CallStatus.UNUSABLE
     assert collector.sink.samples == []  # type: ignore[attr-defined]
-
-
-@pytest.mark.parametrize("module_name", ["httpx", "httpx2"])
-def test_zstd_streams_are_read_where_the_http_library_can_decode_them(module_name: str) -> None:
-    """zstd: httpx decodes it (with `zstandard`), so capture reads the stream through the same
-    decoder and records it complete; httpx2 has no zstd decoder, so the call is recorded unusable
-    saying which encoding, never as a stream that "ended without [DONE]"."""
-    import importlib
-
-    from tests.unit.test_capture_http_libraries import SdkStandIn
-
-    zstandard = pytest.importorskip("zstandard")  # here through langsmith; httpx needs it too
-
-    module = importlib.import_module(module_name)
-    cap = load_capture("chat_stream")
-    prompt, sampled = streamed_ids(cap)
-    compressor = zstandard.ZstdCompressor().compressobj()
-    pieces = [
-        compressor.compress(e) + compressor.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-        for e in cap.events()
-    ]
-    pieces.append(compressor.flush())
-    headers = {"content-type": "text/event-stream", "content-encoding": "zstd"}
-    transport = module.MockTransport(
-        lambda request: module.Response(200, headers=headers, content=iter(pieces))
-    )
-    collector = tito.Collector(capture_logprobs=False, errors="count")
-    client = collector.wrap(SdkStandIn(module.Client(transport=transport)))._client
-    body = {"model": "m", "messages": MSG, "stream": True}
-    url = "http://vllm.test:8000/v1/chat/completions"
-    with collector.episode() as ep, client.stream("POST", url, json=body) as response:
-        received = b"".join(response.iter_bytes())
-    (call,) = ep.calls
-    if "zstd" in module._decoders.SUPPORTED_DECODERS:
-        assert received == cap.body  # the caller's client decoded its own copy
-        assert call.status is tito.CallStatus.COMPLETE
-        assert (call.prompt_ids.tolist(), call.sampled_ids.tolist()) == (prompt, sampled)
-    else:
-        assert call.status is tito.CallStatus.UNUSABLE
-        assert isinstance(call.error, tito.errors.MalformedResponseError)
-        assert "'zstd'" in str(call.error)

@@ -1,12 +1,15 @@
-"""Attribution: every captured call belongs to the episode, agent and labels current when its
+"""Episodes: every captured call belongs to the episode, agent and labels current when its
 request was sent (contextvars), across threads with `bind` / `ContextThreadPoolExecutor`, across
-concurrent asyncio episodes, and through the resolvers framework adapters register."""
+concurrent asyncio episodes, and through the resolvers framework adapters register; calls outside
+any episode follow the collector's policy; a failed episode writes nothing; rewards are finite."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from typing import Any
+
+import pytest
 
 import tito_agents as tito
 from tests.captures import Replay, load_capture, replay_clients, run_async, run_sync
@@ -166,3 +169,54 @@ def test_resolvers_attribute_calls_and_explicit_scopes_win() -> None:
     (explicit_call,) = ep.calls
     assert explicit_call.agent == "planner"
     assert explicit_call.labels == {"langgraph_step": 3, "x": 2}
+
+
+def _collect(cap: Any) -> tuple[tito.Collector, Any]:
+    client, _ = replay_clients(Replay([cap]))
+    collector = tito.Collector(capture_logprobs=False)
+    collector.wrap(client)
+    return collector, client
+
+
+def test_calls_outside_an_episode_default_to_immediate_samples() -> None:
+    """Default: a call outside any episode becomes a per-call sample of episode "default",
+    assembled and written by the export thread (off the request path); `flush` waits for it."""
+    collector, client = _collect(load_capture("chat_ns"))
+    run_sync(client, load_capture("chat_ns"))
+    assert collector.default_episode.calls == []  # memory stays bounded
+    collector.flush()
+    samples = collector.sink.samples  # type: ignore[attr-defined]
+    assert [s.episode_id for s in samples] == ["default"]
+    assert collector.stats.samples == 1
+
+
+def test_calls_outside_an_episode_can_be_refused() -> None:
+    """outside_episode='error' refuses the request before it is sent."""
+    cap = load_capture("chat_ns")
+    replay = Replay([cap])
+    client, _ = replay_clients(replay)
+    tito.Collector(outside_episode="error").wrap(client)
+    with pytest.raises(tito.errors.OutsideEpisodeError):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+    assert replay.received == []
+
+
+def test_failed_episode_writes_no_samples() -> None:
+    """An episode whose body raised writes nothing (its reward cannot be trusted) and is counted."""
+    collector, client = _collect(load_capture("chat_ns"))
+    with pytest.raises(RuntimeError), collector.episode() as ep:
+        run_sync(client, load_capture("chat_ns"))
+        raise RuntimeError("agent crashed")
+    assert len(ep.calls) == 1
+    assert collector.sink.samples == []  # type: ignore[attr-defined]
+    assert collector.stats.failed_episodes == 1
+
+
+def test_rewards_must_be_finite() -> None:
+    """NaN or infinite rewards are refused when set, not trained on later."""
+    collector, _ = _collect(load_capture("chat_ns"))
+    with collector.episode() as ep:
+        with pytest.raises(ValueError, match="finite"):
+            ep.set_reward(float("nan"))
+        ep.set_reward(0.5)
+    assert ep.reward == 0.5

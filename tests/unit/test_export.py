@@ -171,7 +171,7 @@ _FULL_DISK_AGENT = textwrap.dedent(
     import asyncio, json, resource, sys
     import tito_agents as tito
     from tests.captures import Replay, load_capture, replay_clients
-    from tests.unit.test_capture_replay import run_async, run_sync
+    from tests.captures import run_async, run_sync
 
     path, spill = sys.argv[1], sys.argv[2]
     resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # the disk fills up at 20 kB

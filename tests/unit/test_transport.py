@@ -1,4 +1,5 @@
-"""Capture inside both HTTP libraries the openai SDK has used: httpx (openai < 3) and httpx2.
+"""The capture transports inside both HTTP libraries the openai SDK has used: httpx (openai < 3)
+and httpx2, sync and async, JSON and SSE, compressed or not.
 
 openai 3 builds on httpx2, so the rest of the suite drives httpx2 through the SDK. An openai 2.x
 client holds an `httpx.Client` instead; `collector.wrap` only needs its `_client` and `base_url`,
@@ -124,3 +125,44 @@ def test_other_hosts_are_untouched_in_either_library(module: types.ModuleType) -
         client.post("http://other.test/v1/chat/completions", json=request_of(cap))
     assert "return_token_ids" not in seen[0]
     assert ep.calls == []
+
+
+@pytest.mark.parametrize("module_name", ["httpx", "httpx2"])
+def test_zstd_streams_are_read_where_the_http_library_can_decode_them(module_name: str) -> None:
+    """zstd: httpx decodes it (with `zstandard`), so capture reads the stream through the same
+    decoder and records it complete; httpx2 has no zstd decoder, so the call is recorded unusable
+    saying which encoding, never as a stream that "ended without [DONE]"."""
+    import importlib
+
+    from tests.unit.test_capture_faults import MSG, streamed_ids
+
+    zstandard = pytest.importorskip("zstandard")  # here through langsmith; httpx needs it too
+
+    module = importlib.import_module(module_name)
+    cap = load_capture("chat_stream")
+    prompt, sampled = streamed_ids(cap)
+    compressor = zstandard.ZstdCompressor().compressobj()
+    pieces = [
+        compressor.compress(e) + compressor.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+        for e in cap.events()
+    ]
+    pieces.append(compressor.flush())
+    headers = {"content-type": "text/event-stream", "content-encoding": "zstd"}
+    transport = module.MockTransport(
+        lambda request: module.Response(200, headers=headers, content=iter(pieces))
+    )
+    collector = tito.Collector(capture_logprobs=False, errors="count")
+    client = collector.wrap(SdkStandIn(module.Client(transport=transport)))._client
+    body = {"model": "m", "messages": MSG, "stream": True}
+    url = "http://vllm.test:8000/v1/chat/completions"
+    with collector.episode() as ep, client.stream("POST", url, json=body) as response:
+        received = b"".join(response.iter_bytes())
+    (call,) = ep.calls
+    if "zstd" in module._decoders.SUPPORTED_DECODERS:
+        assert received == cap.body  # the caller's client decoded its own copy
+        assert call.status is tito.CallStatus.COMPLETE
+        assert (call.prompt_ids.tolist(), call.sampled_ids.tolist()) == (prompt, sampled)
+    else:
+        assert call.status is tito.CallStatus.UNUSABLE
+        assert isinstance(call.error, tito.errors.MalformedResponseError)
+        assert "'zstd'" in str(call.error)

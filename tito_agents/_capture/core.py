@@ -7,23 +7,19 @@ teed SSE stream) and turning parsed choices into `Call` records handed to the ep
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
-import orjson
 
 from tito_agents import episodes, sessions
+from tito_agents._capture.pending import PendingCall
+from tito_agents._capture.tee import Decompressor, StreamTee, failed_choice, undecodable
 from tito_agents._wire import (
     ParsedChoice,
-    RequestInfo,
     ResponseParser,
-    SSEDecoder,
     endpoint_for_path,
     prepare_request,
 )
@@ -31,37 +27,14 @@ from tito_agents.calls import EMPTY_IDS, Call, CallStatus, Endpoint, SessionNote
 from tito_agents.config import CaptureSettings, CaptureStats, ErrorPolicy, OutsideEpisode
 from tito_agents.errors import (
     CaptureError,
-    IncompleteCallError,
-    MalformedResponseError,
     OutsideEpisodeError,
 )
-from tito_agents.sessions import Plan, Session, SessionDecision, Turn
+from tito_agents.sessions import SessionDecision, Turn
 
 logger = logging.getLogger("tito_agents")
 
 if TYPE_CHECKING:
     from tito_agents.episodes import Episode, EpisodeProcessor
-
-
-@dataclass(slots=True)
-class PendingCall:
-    """A captured request in flight: what was asked, by whom, and when."""
-
-    info: RequestInfo
-    episode: Episode
-    agent: str | None
-    labels: Mapping[str, Any]
-    seq: int
-    policy_version: str | None
-    started_at: float
-    first_byte_at: float | None = None
-    finished: bool = False
-    session: Session | None = None
-    plan: Plan | None = None
-    """Token-in session mode: the request plan the transport drives before sending."""
-    decision: SessionDecision | None = None
-    session_ms: float | None = None
-    """Time the session plan took before the request was sent (/tokenize round trips included)."""
 
 
 class CaptureCore:
@@ -173,8 +146,8 @@ class CaptureCore:
         try:
             choices = parser.parse_body(body)
         except CaptureError as exc:
-            choices = [_failed_choice(exc)]
-        self._record(pending, parser, choices, status, stream=False)
+            choices = [failed_choice(exc)]
+        self.record(pending, parser, choices, status, stream=False)
         try:
             return parser.caller_body()
         except Exception:  # never break the agent's call: hand the body on as it came
@@ -195,17 +168,17 @@ class CaptureCore:
         tee then reads it through `decompressor` (the caller's client decodes its own copy), or,
         when the encoding `unreadable` names cannot be decoded, records the call unusable with
         that reason, through the error policy."""
-        refused = None if unreadable is None else _undecodable(unreadable)
+        refused = None if unreadable is None else undecodable(unreadable)
         return StreamTee(self, pending, status, decompressor, refused)
 
     def refuse_body(self, pending: PendingCall, status: int, unreadable: str) -> None:
         """A non-streaming body in an encoding capture cannot decode: recorded unusable with that
         reason (the caller gets the response as it came)."""
         parser = ResponseParser(pending.info)
-        failed = [_failed_choice(_undecodable(unreadable))]
-        self._record(pending, parser, failed, status, stream=False)
+        failed = [failed_choice(undecodable(unreadable))]
+        self.record(pending, parser, failed, status, stream=False)
 
-    def _record(
+    def record(
         self,
         pending: PendingCall,
         parser: ResponseParser,
@@ -215,6 +188,8 @@ class CaptureCore:
         stream: bool,
         incomplete: CaptureError | None = None,
     ) -> None:
+        """Turn a response's parsed choices into `Call` records on the episode (once per
+        request) and report them to the next stage; raises only under `ErrorPolicy.RAISE`."""
         if pending.finished:
             return
         pending.finished = True
@@ -311,167 +286,3 @@ class CaptureCore:
         if session.end_of_turn_id is not None:
             model = str(payload.get("model"))
             self.settings.learned_end_of_turn.setdefault(model, session.end_of_turn_id)
-
-
-class Decompressor(Protocol):
-    """Incremental decoding of a compressed body, as the transport's HTTP library does it."""
-
-    def decode(self, data: bytes) -> bytes: ...
-
-    def flush(self) -> bytes: ...
-
-
-def _undecodable(encoding: str) -> MalformedResponseError:
-    return MalformedResponseError(
-        f"the server sent the body with content-encoding {encoding!r} although capture asked for "
-        "'identity', and the HTTP client has no decoder for it.",
-        fix="make the server or proxy honour accept-encoding: identity for vLLM hosts",
-    )
-
-
-def _failed_choice(error: CaptureError) -> ParsedChoice:
-    return ParsedChoice(
-        index=0,
-        prompt_ids=None,
-        sampled_ids=None,
-        logprobs=None,
-        finish_reason=None,
-        stop_reason=None,
-        error=error,
-    )
-
-
-class StreamTee:
-    """Watches an SSE response pass by: decodes events, accumulates ids per choice, never buffers
-    what the caller reads. `end()` on a clean end of stream, `close()` when the caller closes."""
-
-    __slots__ = (
-        "_core",
-        "_decoder",
-        "_decompressor",
-        "_done",
-        "_error",
-        "_parser",
-        "_pending",
-        "_refused",
-        "_status",
-    )
-
-    def __init__(
-        self,
-        core: CaptureCore,
-        pending: PendingCall,
-        status: int,
-        decompressor: Decompressor | None = None,
-        refused: CaptureError | None = None,
-    ) -> None:
-        self._core = core
-        self._pending = pending
-        self._status = status
-        self._parser = ResponseParser(pending.info)
-        self._decoder = SSEDecoder()
-        self._decompressor = decompressor
-        self._refused = refused
-        """Why this stream cannot be read at all (recorded at its first byte, end or close)."""
-        self._done = False
-        self._error: CaptureError | None = None
-
-    def feed(self, data: bytes) -> None:
-        """Absorb one raw chunk. Raises only under `ErrorPolicy.RAISE`."""
-        if self._error is not None or self._pending.finished:
-            return
-        if self._pending.first_byte_at is None:
-            self._pending.first_byte_at = time.time()
-            if self._refused is not None:
-                self._fail(self._refused)
-                return
-        try:
-            if self._decompressor is not None:
-                data = self._decompress(data, flush=False)
-            self._absorb(self._decoder.feed(data))
-        except CaptureError as exc:
-            self._fail(exc)
-            return
-        if self._done:
-            self._complete()
-
-    def _decompress(self, data: bytes, *, flush: bool) -> bytes:
-        decompressor = self._decompressor
-        assert decompressor is not None
-        try:
-            out = decompressor.decode(data)
-            return out + decompressor.flush() if flush else out
-        except Exception as exc:  # the library's own decoding error, whatever its type
-            raise MalformedResponseError(f"the compressed stream does not decode: {exc}") from exc
-
-    def _absorb(self, payloads: list[bytes]) -> None:
-        """Feed decoded event payloads to the parser (a loop here, not a call per event: this
-        runs once per streamed token)."""
-        feed_event = self._parser.feed_event
-        for payload in payloads:
-            if payload == b"[DONE]":
-                self._done = True  # the server finished: record now, before the caller sees it
-                continue
-            try:
-                event = orjson.loads(payload)
-            except orjson.JSONDecodeError as exc:
-                raise MalformedResponseError(f"SSE event is not valid JSON: {exc}") from exc
-            feed_event(event)
-
-    def _fail(self, error: CaptureError) -> None:
-        self._error = error
-        self._core._record(
-            self._pending, self._parser, [_failed_choice(error)], self._status, stream=True
-        )
-
-    def end(self) -> None:
-        """The inner stream ended cleanly. Complete only if `[DONE]` arrived."""
-        if self._pending.finished:
-            return
-        if self._refused is not None:
-            self._fail(self._refused)
-            return
-        try:
-            tail = self._decompress(b"", flush=True) if self._decompressor is not None else b""
-            self._absorb(self._decoder.feed(tail) + self._decoder.flush())
-        except CaptureError as exc:
-            self._fail(exc)
-            return
-        if not self._done:
-            self.close(reason="the stream ended without [DONE]")
-            return
-        self._complete()
-
-    def _complete(self) -> None:
-        if self._pending.finished:
-            return
-        choices = self._parser.finish_stream()
-        self._core._record(self._pending, self._parser, choices, self._status, stream=True)
-
-    def close(self, reason: str = "the caller closed the stream before it finished") -> None:
-        """The caller closed, cancelled or broke off the stream: record it as incomplete, unless
-        `[DONE]` is in what arrived. A caller may stop at `[DONE]` before the bytes that end its
-        event are read (a CR's LF, the blank line after `data: [DONE]`): what arrived is read to
-        its last complete line first, so a finished stream is never incomplete."""
-        if self._pending.finished:
-            return
-        if self._refused is not None:
-            self._fail(self._refused)
-            return
-        # a broken event in what is left of an abandoned stream: the stream is incomplete
-        with contextlib.suppress(CaptureError):
-            self._absorb(self._decoder.flush(complete_lines=True))
-        if self._done:
-            self._complete()
-            return
-        choices = self._parser.finish_stream() or [_failed_choice(IncompleteCallError(reason))]
-        for choice in choices:
-            choice.sampled_ids = None
-        self._core._record(
-            self._pending,
-            self._parser,
-            choices,
-            self._status,
-            stream=True,
-            incomplete=IncompleteCallError(reason),
-        )

@@ -1,0 +1,37 @@
+"""A captured request in flight: what was asked, by whom and when, until its response is
+recorded (shared by the capture core and the stream tee)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tito_agents._wire import (
+    RequestInfo,
+)
+from tito_agents.sessions import Plan, Session, SessionDecision
+
+if TYPE_CHECKING:
+    from tito_agents.episodes import Episode
+
+
+@dataclass(slots=True)
+class PendingCall:
+    """A captured request in flight: what was asked, by whom, and when."""
+
+    info: RequestInfo
+    episode: Episode
+    agent: str | None
+    labels: Mapping[str, Any]
+    seq: int
+    policy_version: str | None
+    started_at: float
+    first_byte_at: float | None = None
+    finished: bool = False
+    session: Session | None = None
+    plan: Plan | None = None
+    """Token-in session mode: the request plan the transport drives before sending."""
+    decision: SessionDecision | None = None
+    session_ms: float | None = None
+    """Time the session plan took before the request was sent (/tokenize round trips included)."""

@@ -22,13 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from tito_agents.cli._errors import CliInputError
 from tito_agents.errors import SampleFormatError, TitoError
 from tito_agents.samples import Sample
 from tito_agents.sinks import read_samples
-from tito_agents.sinks.jsonl import last_line
+from tito_agents.sinks.jsonl import unterminated_tail
 
 __all__ = [
     "READER_CANDIDATES",
@@ -189,24 +187,16 @@ def detect_format(path: Path, head: bytes) -> str:
 
 
 def _check_jsonl_tail(path: Path, handle: Any, size: int, allow_truncated: bool) -> None:
-    """Refuse a torn last line (a crash mid-write) unless allowed; the reader would skip it."""
-    if size == 0:
+    """Refuse a torn last line (a crash mid-write) unless allowed; the reader would skip it. A
+    complete last sample without its newline is fine."""
+    tail = unterminated_tail(handle, size)
+    if tail is None or tail[1] or allow_truncated:
         return
-    handle.seek(size - 1)
-    if handle.read(1) == b"\n":
-        return
-    tail = last_line(handle, size)
-    try:
-        orjson.loads(tail)
-        return  # a complete last sample without its newline
-    except orjson.JSONDecodeError:
-        pass
-    if not allow_truncated:
-        raise CliInputError(
-            path,
-            f"truncated: the last line is cut mid-sample ({len(tail):,} bytes, no newline; "
-            "a crash mid-write?); pass --allow-truncated to skip it",
-        )
+    raise CliInputError(
+        path,
+        f"truncated: the last line is cut mid-sample ({len(tail[0]):,} bytes, no newline; "
+        "a crash mid-write?); pass --allow-truncated to skip it",
+    )
 
 
 def _estimate_lines(handle: Any, size: int) -> int | None:

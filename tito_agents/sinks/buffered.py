@@ -417,10 +417,7 @@ class BufferedSink(Sink):
         try:
             spill.append(batch)
         except SinkError as exc:
-            self.stats.spill_failures += 1
-            self.stats.last_error = str(exc)
-            logger.error("%s: cannot spill, applying backpressure: %s", self.name, exc)
-            return False
+            return self._spill_refused(exc, "applying backpressure")
         if not self._spilling:
             logger.warning(
                 "%s: buffer full (%d samples); spilling to %s until the destination catches up",
@@ -435,6 +432,13 @@ class BufferedSink(Sink):
         self._cond.notify_all()
         return True
 
+    def _spill_refused(self, exc: SinkError, outcome: str) -> bool:
+        """Count and log a spill the disk refused; False, for the caller to return."""
+        self.stats.spill_failures += 1
+        self.stats.last_error = str(exc)
+        logger.error("%s: cannot spill, %s: %s", self.name, outcome, exc)
+        return False
+
     def _spill_memory_locked(self, front: list[Sample]) -> bool:
         """Move `front` (the batch being retried) and everything waiting in memory to the front of
         the spill log, and send every later sample there: delivery has failed for `spill_after`
@@ -446,10 +450,7 @@ class BufferedSink(Sink):
         try:
             spill.prepend(moved)
         except SinkError as exc:
-            self.stats.spill_failures += 1
-            self.stats.last_error = str(exc)
-            logger.error("%s: cannot spill, samples stay in memory: %s", self.name, exc)
-            return False
+            return self._spill_refused(exc, "samples stay in memory")
         if not self._spilling:
             logger.warning(
                 "%s: delivery failing for %.1fs; %d waiting samples and every new one go to %s "

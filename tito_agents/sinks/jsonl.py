@@ -117,25 +117,21 @@ class JsonlSink(Sink):
         """Cut a torn last line off (or end a complete one with its newline)."""
         size = os.fstat(fd).st_size
         self._needs_repair = False
-        if size == 0:
-            return
         with open(self.path, "rb") as handle:
-            handle.seek(size - 1)
-            if handle.read(1) == b"\n":
-                return
-            tail = last_line(handle, size)
-        try:
-            orjson.loads(tail)
-        except orjson.JSONDecodeError:
-            os.ftruncate(fd, size - len(tail))
-            self.torn_bytes_cut += len(tail)
-            logger.warning(
-                "%s: cut off a torn last line (%d bytes, a writer died mid-write) before appending",
-                self.path,
-                len(tail),
-            )
+            tail = unterminated_tail(handle, size)
+        if tail is None:
             return
-        os.write(fd, b"\n")
+        text, whole = tail
+        if whole:
+            os.write(fd, b"\n")
+            return
+        os.ftruncate(fd, size - len(text))
+        self.torn_bytes_cut += len(text)
+        logger.warning(
+            "%s: cut off a torn last line (%d bytes, a writer died mid-write) before appending",
+            self.path,
+            len(text),
+        )
 
     def flush(self) -> None:
         """Nothing is buffered in the process; with `fsync=True`, make the file durable."""
@@ -166,6 +162,23 @@ def _locked(fd: int) -> Iterator[None]:
 
 def _sink_error(path: Path, exc: OSError) -> SinkError:
     return SinkError(f"cannot write {path}: {exc}", retryable=exc.errno not in _NOT_RETRYABLE)
+
+
+def unterminated_tail(stream: BinaryIO, size: int) -> tuple[bytes, bool] | None:
+    """What follows the last newline of a file of `size` bytes, and whether it is a whole JSON
+    value (a last sample that only lacks its newline) rather than a torn line; None when the file
+    is empty or ends with a newline."""
+    if size == 0:
+        return None
+    stream.seek(size - 1)
+    if stream.read(1) == b"\n":
+        return None
+    text = last_line(stream, size)
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text, False
+    return text, True
 
 
 def last_line(stream: BinaryIO, size: int) -> bytes:

@@ -50,7 +50,17 @@ def agent_episode(client: openai.OpenAI, model: str, seed: int) -> None:
 def run(
     base_url: str, model: str, sessions: bool, episodes: int
 ) -> tuple[tito.Collector, list[tito.Episode]]:
-    collector = tito.Collector(capture_logprobs=True, assembly="merged", tokenizer=load_tokenizer())
+    tokenizer = load_tokenizer()
+    # The forced tool call of a first turn may be cut by max_tokens (how often depends on the CPU
+    # kernels of the vLLM build); a session can only bridge a cut turn once it knows the
+    # end-of-turn token, which it otherwise learns from the first turn that ends on it. So the
+    # test names it, as docs tell users to (SmolLM2's EOS, <|im_end|>, ends its turns).
+    collector = tito.Collector(
+        capture_logprobs=True,
+        assembly="merged",
+        tokenizer=tokenizer,
+        end_of_turn_id=tokenizer.eos_token_id,
+    )
     client = collector.wrap(openai.OpenAI(base_url=base_url, api_key="EMPTY"), sessions=sessions)
     eps = []
     with client:

@@ -25,7 +25,7 @@ from tito_agents.config import CaptureStats, ErrorPolicy, SinkErrors
 from tito_agents.episodes import Episode
 from tito_agents.errors import EpisodeCaptureError, SinkError
 from tito_agents.samples import Sample
-from tito_agents.sinks import Sink
+from tito_agents.sinks import Sink, _lifecycle
 
 logger = logging.getLogger("tito_agents")
 
@@ -40,6 +40,9 @@ class Exporter:
     assembly / turn_discount / tokenizer: how samples are made (`tito_agents.assembly`); read at
     each episode's end, so changing them applies to the next one.
     """
+
+    def __repr__(self) -> str:
+        return f"Exporter({self.sink!r})"
 
     def __init__(
         self,
@@ -69,6 +72,7 @@ class Exporter:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closing = False
+        _lifecycle.drain_before_close(self)  # queued calls reach the sink before its last close
 
     # ---- the EpisodeProcessor protocol ----
 

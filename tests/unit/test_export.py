@@ -228,3 +228,36 @@ def test_a_full_disk_never_breaks_the_agent_and_leaves_a_readable_file(tmp_path:
     not_kept = int(named.group(1)) if named else 0
     spilled = delivery["spill_pending"]
     assert len(written) + spilled + not_kept + result["stats"]["lost_samples"] == 31
+
+
+_EXIT_WITHOUT_CLOSE = textwrap.dedent(
+    """
+    import time
+    import tito_agents as tito
+    from tests.captures import Replay, load_capture, replay_clients, run_sync
+
+    def slow_write(samples):
+        time.sleep(0.5)  # the export thread is still writing when the program ends
+        print("written", len(samples), flush=True)
+
+    cap = load_capture("chat_ns")
+    client, _ = replay_clients(Replay([cap]))
+    collector = tito.Collector(tito.sinks.CallbackSink(slow_write))
+    collector.wrap(client)
+    run_sync(client, cap)  # outside any episode; no flush, no close
+    """
+)
+
+
+def test_calls_outside_an_episode_reach_the_sink_when_the_program_ends_without_close() -> None:
+    """The export thread's queue is drained at exit before sinks are closed: a script that makes
+    a call outside any episode and ends without `close()` still writes its sample."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_WITHOUT_CLOSE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "written 1" in done.stdout

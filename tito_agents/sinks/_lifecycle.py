@@ -36,8 +36,25 @@ class ClosesAtExit(Protocol):
         ...
 
 
+class DrainsAtExit(Protocol):
+    def drain(self, timeout: float | None = None) -> bool:
+        """Hand what is queued to its sink within `timeout` seconds; True if all of it was."""
+        ...
+
+
 _open: weakref.WeakSet[ClosesAtExit] = weakref.WeakSet()
+_feeders: weakref.WeakSet[DrainsAtExit] = weakref.WeakSet()
 _lock = threading.Lock()
+
+
+def drain_before_close(feeder: DrainsAtExit) -> None:
+    """Drain `feeder` at exit before any sink is closed: something that feeds sinks from a queue
+    of its own (the collector's export thread), whose samples would otherwise miss the sinks'
+    last close."""
+    with _lock:
+        _feeders.add(feeder)
+        atexit.unregister(close_unclosed)
+        atexit.register(close_unclosed)
 
 
 def track(sink: ClosesAtExit) -> None:
@@ -57,6 +74,7 @@ def _forget_after_fork() -> None:
     """A forked child did not open its parent's sinks and must not close them at its exit (a
     `BufferedSink` re-registers itself: it gets a fresh state in the child)."""
     _open.clear()
+    _feeders.clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -68,6 +86,16 @@ def close_unclosed(timeout: float = EXIT_TIMEOUT) -> int:
     Wrappers (sinks with an `inner` sink, like `BufferedSink`) are closed first: they deliver
     their buffer to the inner sink, then close it.
     """
+    with _lock:
+        feeders = list(_feeders)
+    for feeder in feeders:
+        try:
+            if not feeder.drain(timeout):
+                logger.warning(
+                    "%r did not hand over its queue within %.0fs at exit", feeder, timeout
+                )
+        except Exception as exc:  # the hook must reach every sink
+            logger.warning("draining %r at exit failed: %r", feeder, exc)
     with _lock:
         pending = [sink for sink in list(_open) if not sink.closed]
     pending.sort(key=lambda sink: 0 if hasattr(sink, "inner") else 1)

@@ -30,6 +30,7 @@ if shutil.which("redis-server") is None:
         "redis-server not installed (apt-get install redis-server)", allow_module_level=True
     )
 
+from tests.integration.test_sinks_redis import drain
 from tito_agents.sinks.redis_streams import RedisStreamReader, RedisStreamSink
 
 CLAIM_IDLE = 600.0
@@ -60,22 +61,6 @@ def make(n: int, start: int = 0, tokens: int = 32) -> list[Sample]:
 
 def ids(samples: list[Sample]) -> list[str]:
     return [s.sample_id for s in samples]
-
-
-def drain(reader: RedisStreamReader, expected: int, timeout: float) -> list[Sample]:
-    """Read and acknowledge until `expected` samples arrived or `timeout` seconds passed."""
-    got: list[Sample] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < expected and time.monotonic() < deadline:
-        try:
-            batch = reader.read(50, timeout=0.2)
-        except SinkError as exc:
-            assert exc.retryable
-            time.sleep(0.1)
-            continue
-        got += batch
-        reader.ack(batch)
-    return got
 
 
 def write(url: str, stream: str, samples: list[Sample]) -> None:

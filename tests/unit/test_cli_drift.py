@@ -193,3 +193,54 @@ def test_ids_beyond_the_vocabulary_mean_the_wrong_tokenizer(
     code, out, err = run_cli(["drift", path, "--tokenizer", tokenizer_dir()], capsys)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "sample big holds id 10000000" in err and "--tokenizer" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"), [("", "empty"), ("{% if %}broken", "does not compile")]
+)
+def test_chat_template_that_is_empty_or_broken_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tok: Any, content: str, problem: str
+) -> None:
+    """`--chat-template` with an empty file or a syntax error exits 2 naming the template, never
+    a report measured against nothing."""
+    path = write_samples(
+        tmp_path / "s.jsonl",
+        [
+            _one_call(
+                tok, "x", _prompt(tok, MESSAGES), _enc(tok, "Hi.<|im_end|>"), messages=MESSAGES
+            )
+        ],
+    )
+    template = tmp_path / "t.jinja"
+    template.write_text(content)
+    code, out, err = run_cli(
+        ["drift", path, "--tokenizer", tokenizer_dir(), "--chat-template", template], capsys
+    )
+    assert code == 2 and out == ""
+    assert problem in err and str(template) in err
+
+
+def test_template_check_runs_only_against_a_named_template(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tok: Any
+) -> None:
+    """The samples do not say which template the server used, so without --chat-template the
+    re-render check is not run (and says how to run it); `--chat-template tokenizer` names the
+    tokenizer folder's own, and the report names the template it used."""
+    same = _one_call(
+        tok, "same", _prompt(tok, MESSAGES), _enc(tok, "Hi.<|im_end|>"), messages=MESSAGES
+    )
+    path = write_samples(tmp_path / "s.jsonl", [same])
+    code, out, _ = run_cli(["drift", path, "--tokenizer", tokenizer_dir(), "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["chat_template"] is None
+    assert not data["template_rerender"]["available"]
+    _, text, _ = run_cli(["drift", path, "--tokenizer", tokenizer_dir()], capsys)
+    assert "not measured (give --chat-template" in text
+    code, out, _ = run_cli(
+        ["drift", path, "--tokenizer", tokenizer_dir(), "--chat-template", "tokenizer", "--json"],
+        capsys,
+    )
+    data = json.loads(out)
+    assert code == 0 and data["chat_template"].endswith("(its own template)")
+    assert data["template_rerender"]["scanned"] == 1
+    assert data["template_rerender"]["drifted"] == 0

@@ -3,6 +3,7 @@ terminal and as a self-contained HTML page checked in a real headless Chromium."
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -124,6 +125,36 @@ def test_unknown_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     path = write_samples(tmp_path / "s.jsonl", merged_episode())
     code, _, err = run_cli(["show", path, "--sample", "nope"], capsys)
     assert code == 2 and "no sample id 'nope' among 5 samples" in err
+
+
+def test_ambiguous_id_prefix_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A prefix that several sample ids share is refused naming them; a unique prefix is found even
+    when it is the last sample; an exact id wins over ids it is a prefix of."""
+    samples = merged_episode()
+    twins = [
+        dataclasses.replace(samples[4], sample_id="E1", episode_id="ep3"),
+        dataclasses.replace(samples[4], sample_id="E12", episode_id="ep4"),
+    ]
+    path = write_samples(tmp_path / "s.jsonl", [*samples, *twins])
+    code, out, err = run_cli(["show", path, "--sample", "E", "--json"], capsys)
+    assert code == 2 and out == ""
+    assert "ambiguous" in err and "3 samples match" in err and "E1, E12" in err
+    code, out, _ = run_cli(["show", path, "--sample", "E12", "--json"], capsys)
+    assert code == 0 and json.loads(out)["sample_id"] == "E12"
+    code, out, _ = run_cli(["show", path, "--sample", "E1", "--json"], capsys)
+    assert code == 0 and json.loads(out)["sample_id"] == "E1"
+    code, out, _ = run_cli(["show", path, "--sample", "BB", "--json"], capsys)
+    assert code == 0 and json.loads(out)["sample_id"] == "B" * 24
+
+
+def test_html_into_a_missing_folder_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--html` never creates folders: a missing parent folder is a one-line error, nothing made."""
+    path = write_samples(tmp_path / "s.jsonl", merged_episode())
+    out = tmp_path / "no" / "such" / "page.html"
+    code, _, err = run_cli(["show", path, "--html", out], capsys)
+    assert code == 2 and "does not exist" in err and not (tmp_path / "no").exists()
 
 
 def _static_counts(page: str) -> dict[str, int]:

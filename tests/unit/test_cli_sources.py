@@ -226,3 +226,28 @@ def test_corrupt_parquet_body(tmp_path: Path) -> None:
     part.write_bytes(bytes(data))
     with pytest.raises(CliInputError, match="cannot read this parquet file"):
         list(open_samples(part))
+
+
+@pytest.mark.parametrize("final_newline", [False, True])
+def test_pretty_printed_json_is_named_not_called_truncated(
+    tmp_path: Path, final_newline: bool
+) -> None:
+    """One sample pretty-printed over several lines (e.g. `jq .`'s output, with or without a final
+    newline) is refused as pretty-printed JSON with the command that converts it, never as a
+    truncated file or a bad line."""
+    sample = merged_episode()[0]
+    text = json.dumps(json.loads(encode_sample(sample)), indent=2)
+    path = tmp_path / "one.json"
+    path.write_text(text + ("\n" if final_newline else ""))
+    with pytest.raises(CliInputError, match="pretty-printed JSON") as info:
+        open_samples(path)
+    message = str(info.value)
+    assert "truncated" not in message and "jq -c ." in message and str(path) in message
+
+
+def test_jsonl_with_a_blank_first_line_is_still_jsonl(tmp_path: Path) -> None:
+    """A blank first line (skipped by the reader) does not make a one-sample file look pretty-printed."""
+    sample = merged_episode()[0]
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b"\n" + encode_sample(sample))
+    assert _ids(path) == [sample.sample_id]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import tracemalloc
@@ -17,6 +18,7 @@ from tito_agents.cli.sources import open_samples
 from tito_agents.cli.stats import collect_stats
 from tito_agents.samples import Sample
 from tito_agents.sinks.jsonl import encode_sample
+from tito_agents.testing.smollm2 import tokenizer_dir
 
 
 def test_stats_json_counts_what_the_file_holds(
@@ -114,14 +116,127 @@ def test_text_output_names_every_figure(tmp_path: Path, capsys: pytest.CaptureFi
         assert needle in out, needle
 
 
-def test_empty_file_gives_zeros(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """An empty samples file (a run that produced nothing yet) is reported as zero samples."""
+def test_empty_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty samples file is not a summary of zeros: exit 2 with one line saying it is empty
+    (for stats and drift alike)."""
     path = tmp_path / "empty.jsonl"
     path.write_bytes(b"")
+    code, out, err = run_cli(["stats", path, "--json"], capsys)
+    assert code == 2 and out == ""
+    assert "holds no samples" in err and str(path) in err
+    code, out, err = run_cli(["drift", path, "--tokenizer", tokenizer_dir()], capsys)
+    assert code == 2 and "holds no samples" in err
+
+
+def _both_views() -> tuple[list[Sample], list[Sample]]:
+    """Two episodes assembled for real with assembly="both" (per-call samples, then merged ones),
+    each with two calls of one agent, and a one-call episode of a second agent in merged mode only."""
+    from tito_agents.assembly import (
+        AssemblyMode,
+        AssemblyOptions,
+        EpisodeContext,
+        assemble_episode,
+    )
+    from tito_agents.calls import Call, CallStatus, Endpoint
+
+    def call(cid: str, prompt: list[int], sampled: list[int], reward: float | None) -> Call:
+        return Call(
+            call_id=cid,
+            request_id=cid,
+            endpoint=Endpoint.CHAT,
+            choice_index=0,
+            status=CallStatus.COMPLETE,
+            prompt_ids=np.asarray(prompt, dtype=np.int32),
+            sampled_ids=np.asarray(sampled, dtype=np.int32),
+            logprobs=None,
+            finish_reason="stop",
+            stop_reason=None,
+            model="m",
+            http_status=200,
+            stream=False,
+            started_at=0.0,
+            ended_at=0.0,
+            agent="solver",
+            reward=reward,
+        )
+
+    both: list[Sample] = []
+    for e in range(2):
+        first = call(f"e{e}/a", [1, 2, 3], [10, 11], 0.5)
+        second = call(f"e{e}/b", [1, 2, 3, 10, 11, 20, 21], [12, 13, 14], 1.0)
+        both += assemble_episode(
+            [first, second],
+            EpisodeContext(f"ep{e}", episode_reward=None),
+            AssemblyOptions(mode=AssemblyMode.BOTH),
+        )[0]
+    merged_only, _ = assemble_episode(
+        [call("x/a", [5, 6], [7], 2.0)],
+        EpisodeContext("ep-x", episode_reward=None),
+        AssemblyOptions(mode=AssemblyMode.MERGED),
+    )
+    return both, merged_only
+
+
+def test_both_assembly_counts_each_call_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file written with assembly="both" holds each call in a per-call and in a merged sample:
+    calls, tokens, trained tokens and rewards count each call once (the merged view), and each
+    view's own totals are listed beside them."""
+    both, merged_only = _both_views()
+    assert {s.start_reason for s in both} == {"call", "episode_start"}
+    path = write_samples(tmp_path / "s.jsonl", [*both, *merged_only])
     code, out, _ = run_cli(["stats", path, "--json"], capsys)
-    assert code == 0
     data = json.loads(out)
-    assert data["samples"] == 0 and data["episodes"] == 0 and data["rewards"]["count"] == 0
+    merged = [s for s in [*both, *merged_only] if s.start_reason != "call"]
+    per_call = [s for s in both if s.start_reason == "call"]
+    assert code == 0 and data["samples"] == len(both) + len(merged_only)
+    assert data["calls"] == 5 == sum(len(s.spans) for s in merged)
+    assert data["tokens"] == sum(s.num_tokens for s in merged)
+    assert data["trained_tokens"] == sum(s.num_trained for s in merged) == 2 * 5 + 1
+    assert data["rewards"]["count"] == len(merged)
+    assert data["episodes_with_both"] == 2
+    assert data["views"]["per_call"]["calls"] == 4 == len(per_call)
+    assert data["views"]["per_call"]["tokens"] == sum(s.num_tokens for s in per_call)
+    assert data["views"]["merged"]["samples"] == len(merged)
+    _, text, _ = run_cli(["stats", path], capsys)
+    assert 'assembly="both"' in text and "per-call view: 4 samples" in text
+
+
+def test_constrained_spans_are_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Spans sampled under a constraint are counted: calls, their trained tokens, kinds, and how
+    many were re-scored or keep only the masked logprobs; files without the fields count none."""
+    samples = merged_episode()
+    a = samples[0]
+    a.spans[0] = dataclasses.replace(
+        a.spans[0], constrained="tool_choice=required", logprob_source="rescored"
+    )
+    d = samples[3]
+    d.spans[0] = dataclasses.replace(
+        d.spans[0],
+        constrained="response_format=json_schema",
+        logprob_source="masked",
+        rescore_error="server refused prompt_logprobs",
+    )
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    _, out, _ = run_cli(["stats", path, "--json"], capsys)
+    constrained = json.loads(out)["constrained"]
+    spans = (a.spans[0], d.spans[0])
+    assert constrained == {
+        "calls": 2,
+        "trained_tokens": sum(s.end - s.start for s in spans),
+        "kinds": {"tool_choice=required": 1, "response_format=json_schema": 1},
+        "spans_rescored": 1,
+        "spans_masked": 1,
+        "rescore_errors": 1,
+    }
+    _, text, _ = run_cli(["stats", path], capsys)
+    assert "constrained calls" in text and "1 spans rescored, 1 masked logprobs only" in text
+    plain = write_samples(tmp_path / "plain.jsonl", merged_episode())
+    _, out, _ = run_cli(["stats", plain, "--json"], capsys)
+    assert json.loads(out)["constrained"]["calls"] == 0
+    _, text, _ = run_cli(["stats", plain], capsys)
+    assert "constrained calls" not in text and "constraints:" not in text
 
 
 def _big_sample(i: int, n: int) -> Sample:

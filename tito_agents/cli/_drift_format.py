@@ -58,15 +58,22 @@ def format_drift(data: dict[str, Any]) -> str:
     if kinds:
         lines += ["", "by kind:", table(("kind", "count", "tokens affected"), kinds, indent="  ")]
     lines.append("")
-    if rer["available"]:
+    template = data.get("chat_template")
+    if template is None:
         lines.append(
-            f"template re-rendering of captured messages: {rer['drifted']:,} of {rer['scanned']:,} "
-            f"prompts differ ({rer['tokens_affected']:,} tokens affected); "
+            "template re-rendering: not measured (give --chat-template FILE, the template the "
+            "server renders with, or --chat-template tokenizer for the tokenizer's own)"
+        )
+    elif rer["available"]:
+        lines.append(
+            f"template re-rendering of captured messages with {template}: {rer['drifted']:,} of "
+            f"{rer['scanned']:,} prompts differ ({rer['tokens_affected']:,} tokens affected); "
             f"{rer['render_refused']:,} could not be rendered"
         )
     else:
         lines.append(
-            "template re-rendering: not measured (these samples carry no captured messages)"
+            "template re-rendering: not measured (these samples carry no captured messages: "
+            "metadata['call_messages'], see docs/cli.md)"
         )
     for example in data["examples"]:
         lines.append(

@@ -18,7 +18,13 @@ from tito_agents.calls import IdArray
 from tito_agents.cli._errors import CliInputError
 from tito_agents.cli._tokenizers import encode_text, is_gguf, load_tokenizer
 
-__all__ = ["PLACEHOLDER_SPECIAL_TOKENS", "RenderRefused", "TemplateRenderer", "load_renderer"]
+__all__ = [
+    "PLACEHOLDER_SPECIAL_TOKENS",
+    "RenderRefused",
+    "TemplateRenderer",
+    "check_compiles",
+    "load_renderer",
+]
 
 PLACEHOLDER_SPECIAL_TOKENS = {
     "bos_token": "<s>",
@@ -120,7 +126,7 @@ def load_renderer(
     if tokenizer is not None:
         renderer.tokenizer = load_tokenizer(tokenizer)
         renderer.tokenizer_origin = str(tokenizer)
-    _check_compiles(path, renderer.template)
+    check_compiles(path, renderer.template)
     return renderer
 
 
@@ -133,7 +139,8 @@ def _tokenizer_template(path: Path, tokenizer: Any) -> str:
     return template
 
 
-def _check_compiles(path: Path, template: str) -> None:
+def check_compiles(path: Path, template: str) -> None:
+    """`CliInputError` naming `path` when the template is empty or does not compile."""
     if not template.strip():
         raise CliInputError(path, "the template is empty")
     try:

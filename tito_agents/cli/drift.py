@@ -34,7 +34,7 @@ from tito_agents.calls import IdArray
 from tito_agents.cli._drift_format import format_drift
 from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
 from tito_agents.cli._progress import Progress, progress_enabled
-from tito_agents.cli._render import RenderRefused, TemplateRenderer
+from tito_agents.cli._render import RenderRefused, TemplateRenderer, check_compiles
 from tito_agents.cli._tokenizers import load_tokenizer
 from tito_agents.cli.sources import open_samples
 from tito_agents.samples import Sample
@@ -323,7 +323,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--chat-template",
         metavar="FILE",
-        help="template for re-rendering captured messages (default: the tokenizer's own)",
+        help=(
+            "the template the server rendered prompts with, to re-render captured messages: a "
+            "file, or 'tokenizer' for the tokenizer folder's own (not measured without it)"
+        ),
     )
     parser.add_argument(
         "--calls-only",
@@ -354,7 +357,16 @@ def run(args: argparse.Namespace) -> int:
             whole_sequences=not args.calls_only,
             progress=progress,
         )
-    data = {"file": str(samples.path), "tokenizer": str(args.tokenizer), **report.to_dict()}
+    if report.sequences.scanned == 0:
+        raise CliInputError(
+            samples.path, "holds no samples (an empty file: did the run write anything yet?)"
+        )
+    data = {
+        "file": str(samples.path),
+        "tokenizer": str(args.tokenizer),
+        "chat_template": None if renderer is None else renderer.origin,
+        **report.to_dict(),
+    }
     if args.json:
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
@@ -363,16 +375,34 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if drifted and args.fail_on_drift else EXIT_OK
 
 
+TOKENIZER_TEMPLATE = "tokenizer"
+"""`--chat-template tokenizer`: the tokenizer folder's own template (only when the server renders
+with it, i.e. was started without `--chat-template`)."""
+
+
 def _renderer(args: argparse.Namespace, tokenizer: Any) -> TemplateRenderer | None:
-    """The template that re-renders captured messages: `--chat-template`, else the tokenizer's."""
-    if args.chat_template:
+    """The template that re-renders captured messages: only the one named by `--chat-template`.
+
+    The samples do not say which template the server rendered with (vLLM's `--chat-template` may
+    replace the tokenizer's own), so the check runs only against a template the user names: a
+    file, or `tokenizer` for the tokenizer folder's own. A template that is empty or does not
+    compile is refused (exit 2), never measured against.
+    """
+    if not args.chat_template:
+        return None
+    if args.chat_template == TOKENIZER_TEMPLATE:
+        own = getattr(tokenizer, "chat_template", None)
+        if isinstance(own, dict):
+            own = own.get("default") or next(iter(own.values()), None)
+        if not isinstance(own, str) or not own.strip():
+            raise CliInputError(args.tokenizer, "the tokenizer has no chat template of its own")
+        origin, template = f"{args.tokenizer} (its own template)", own
+    else:
         path = Path(args.chat_template)
         try:
             template = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise CliInputError(path, f"cannot read template: {exc}") from exc
-        return TemplateRenderer(str(path), template, tokenizer, str(args.tokenizer), True)
-    own = getattr(tokenizer, "chat_template", None)
-    if isinstance(own, str) and own.strip():
-        return TemplateRenderer(str(args.tokenizer), own, tokenizer, str(args.tokenizer), True)
-    return None
+        origin = str(path)
+    check_compiles(Path(args.chat_template), template)
+    return TemplateRenderer(origin, template, tokenizer, str(args.tokenizer), True)

@@ -41,32 +41,46 @@ def find_sample(
     samples: Iterable[Sample], *, sample_id: str | None = None, index: int = 0
 ) -> tuple[Sample, list[Sample], int]:
     """The wanted sample, the samples of its episode (contiguous in the file, itself included, in
-    file order) and how many samples were read. `sample_id` may be a unique prefix."""
-    episode: list[Sample] = []
+    file order) and how many samples were read.
+
+    `sample_id` may be a unique prefix. An exact id wins and ends the search at its episode's end; a
+    prefix is only accepted once the whole file was read and no other sample shares it (an
+    ambiguous prefix is refused, naming the samples it matches)."""
+    run: list[Sample] = []  # the current episode's samples so far (the file groups episodes)
     target: Sample | None = None
+    target_run: list[Sample] = []
+    exact = False
+    matches: list[str] = []
     read = 0
     for sample in samples:
         read += 1
-        if target is not None:
-            if sample.episode_id != target.episode_id:
+        if run and sample.episode_id != run[-1].episode_id:
+            if exact:
                 break
-            episode.append(sample)
-            continue
-        if episode and sample.episode_id != episode[-1].episode_id:
-            episode = []
-        episode.append(sample)
-        if _wanted(sample, read - 1, sample_id, index):
-            target = sample
+            run = []
+        run.append(sample)
+        if exact:
+            continue  # the target's later siblings
+        if sample_id is None:
+            if read - 1 == index:
+                target, target_run, exact = sample, run, True
+        elif sample.sample_id == sample_id:
+            target, target_run, exact = sample, run, True
+        elif sample.sample_id.startswith(sample_id):
+            matches.append(sample.sample_id)
+            if target is None:
+                target, target_run = sample, run
     if target is None:
         wanted = f"sample id {sample_id!r}" if sample_id else f"sample #{index}"
         raise CliInputError(None, f"no {wanted} among {read:,} samples")
-    return target, episode, read
-
-
-def _wanted(sample: Sample, position: int, sample_id: str | None, index: int) -> bool:
-    if sample_id is None:
-        return position == index
-    return sample.sample_id == sample_id or sample.sample_id.startswith(sample_id)
+    if not exact and len(matches) > 1:
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise CliInputError(
+            None,
+            f"sample id prefix {sample_id!r} is ambiguous: {len(matches):,} samples match "
+            f"({shown}); give more characters",
+        )
+    return target, target_run, read
 
 
 def token_texts(sample: Sample, tokenizer: Any | None) -> list[str]:
@@ -110,8 +124,9 @@ def run(args: argparse.Namespace) -> int:
     texts = token_texts(target, tokenizer)
     if args.html:
         out = Path(args.html)
+        if not out.parent.is_dir():  # never create folders: a typo would scatter pages around
+            raise CliInputError(out, f"cannot write: folder {out.parent} does not exist")
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(
                 render_html(view, texts, source=str(samples.path), ids_only=tokenizer is None),
                 encoding="utf-8",

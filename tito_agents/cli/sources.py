@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from tito_agents.cli._errors import CliInputError
 from tito_agents.errors import SampleFormatError, TitoError
 from tito_agents.samples import Sample
@@ -66,6 +68,7 @@ _ARROW_STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2"}
 _ESTIMATE_PROBES = 4
 _PROBE_BYTES = 1 << 18
+_PRETTY_JSON_MAX_BYTES = 1 << 28
 
 _registered: dict[str, SampleReader] = {}
 
@@ -121,6 +124,7 @@ def open_samples(path: str | os.PathLike[str], *, allow_truncated: bool = False)
             head = handle.read(8)
             file_format = detect_format(path, head)
             if file_format == JSONL:
+                _check_not_pretty_json(path, handle, size)
                 _check_jsonl_tail(path, handle, size, allow_truncated)
                 estimate = _estimate_lines(handle, size)
                 return SampleFile(path, JSONL, size, estimate, False, read_samples)
@@ -183,6 +187,34 @@ def detect_format(path: Path, head: bytes) -> str:
         raise CliInputError(path, f"not a {by_extension} file (its magic bytes are missing)")
     raise CliInputError(
         path, "not a samples file (expected JSON Lines, Parquet or Arrow IPC written by a sink)"
+    )
+
+
+def _check_not_pretty_json(path: Path, handle: Any, size: int) -> None:
+    """Refuse a pretty-printed JSON file (one sample over several lines, e.g. `jq .`'s output) with
+    what it is, rather than as a bad or torn line: JSON Lines holds one sample per line. Cheap on
+    real JSON Lines: only a first line that does not parse leads to reading the whole file."""
+    handle.seek(0)
+    first = handle.readline(_PROBE_BYTES)
+    while first.strip() == b"" and first.endswith(b"\n"):
+        first = handle.readline(_PROBE_BYTES)  # blank lines, which the reader skips too
+    if not first.endswith(b"\n") or size > _PRETTY_JSON_MAX_BYTES:
+        return  # one line (a sample without its newline), or a first line too long to be pretty
+    try:
+        orjson.loads(first)
+        return
+    except orjson.JSONDecodeError:
+        pass
+    handle.seek(0)
+    try:
+        value = orjson.loads(handle.read(size))
+    except orjson.JSONDecodeError:
+        return  # not JSON as a whole either: the reader names the bad line
+    fix = "jq -c '.[]'" if isinstance(value, list) else "jq -c ."
+    raise CliInputError(
+        path,
+        "is pretty-printed JSON (one value over several lines), not JSON Lines (one sample per "
+        f"line, as the sinks write); convert it with `{fix} {path.name}`",
     )
 
 

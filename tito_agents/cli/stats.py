@@ -5,6 +5,8 @@ divergences by kind (each divergence starts exactly one merged sample, so they a
 `start_reason`), start and end reasons, reward distribution. Per-sample work is a few counter updates
 and one vectorised `np.count_nonzero` over the loss mask, so a scan runs at the reader's speed; memory
 holds one number per sample (its reward and length) and one counter per episode, never token arrays.
+A file written with `assembly="both"` holds every call twice; calls, tokens and rewards count each
+agent's calls once (see `SampleStats`). Grammar-constrained calls (issue 16 span fields) are counted.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import orjson
 
 from tito_agents.assembly.divergence import EPISODE_START, DivergenceKind
 from tito_agents.assembly.per_call import PER_CALL_REASON
-from tito_agents.cli._errors import EXIT_OK
+from tito_agents.cli._errors import EXIT_OK, CliInputError
 from tito_agents.cli._progress import Progress, progress_enabled
 from tito_agents.cli._term import human_bytes, percent, table
 from tito_agents.cli.sources import SampleFile, open_samples
@@ -38,40 +40,150 @@ _DISTINCT_REWARDS_SHOWN = 8
 
 
 @dataclass(slots=True)
-class SampleStats:
-    """Running totals over a stream of samples; `add` is the only per-sample work."""
+class _View:
+    """Calls, tokens, rewards and constrained sampling of a set of samples.
+
+    Constraint fields (issue 16: `CallSpan.constrained`, `logprob_source`, `rescore_error`) are read
+    with getattr, so samples written before them count as unconstrained.
+    """
 
     samples: int = 0
-    per_call_samples: int = 0
     calls: int = 0
     tokens: int = 0
     trained_tokens: int = 0
+    rewards: array[float] = field(default_factory=lambda: array("d"))
+    constrained_calls: int = 0
+    constrained_tokens: int = 0
+    constrained_kinds: Counter[str] = field(default_factory=Counter)
+    logprob_sources: Counter[str] = field(default_factory=Counter)
+    rescore_errors: int = 0
+
+    def add(self, sample: Sample, trained: int) -> None:
+        self.samples += 1
+        self.calls += len(sample.spans) or len(sample.call_ids)
+        self.tokens += sample.token_ids.shape[0]
+        self.trained_tokens += trained
+        if sample.reward is not None:
+            self.rewards.append(float(sample.reward))
+        for span in sample.spans:
+            kind = getattr(span, "constrained", None)
+            if not kind:
+                continue
+            self.constrained_calls += 1
+            self.constrained_kinds[str(kind)] += 1
+            mask = sample.loss_mask[span.start : span.end]
+            self.constrained_tokens += int(np.count_nonzero(mask))
+            source = getattr(span, "logprob_source", None)
+            self.logprob_sources[str(source) if source else "none"] += 1
+            self.rescore_errors += bool(getattr(span, "rescore_error", None))
+
+    def absorb(self, other: _View) -> None:
+        """Add `other`'s totals to these."""
+        self.samples += other.samples
+        self.calls += other.calls
+        self.tokens += other.tokens
+        self.trained_tokens += other.trained_tokens
+        self.rewards.extend(other.rewards)
+        self.constrained_calls += other.constrained_calls
+        self.constrained_tokens += other.constrained_tokens
+        self.constrained_kinds.update(other.constrained_kinds)
+        self.logprob_sources.update(other.logprob_sources)
+        self.rescore_errors += other.rescore_errors
+
+    def constrained(self) -> dict[str, Any]:
+        return {
+            "calls": self.constrained_calls,
+            "trained_tokens": self.constrained_tokens,
+            "kinds": dict(self.constrained_kinds.most_common()),
+            "spans_rescored": self.logprob_sources.get("rescored", 0),
+            "spans_masked": self.logprob_sources.get("masked", 0),
+            "rescore_errors": self.rescore_errors,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples,
+            "calls": self.calls,
+            "tokens": self.tokens,
+            "trained_tokens": self.trained_tokens,
+            "rewards": _reward_summary(self.rewards, self.samples),
+            "constrained": self.constrained(),
+        }
+
+
+@dataclass(slots=True)
+class SampleStats:
+    """Running totals over a stream of samples; `add` is the only per-sample work.
+
+    A file written with `assembly="both"` holds each call twice: in a per-call sample and in a
+    merged one. Calls, tokens, trained tokens, rewards and constrained sampling are therefore
+    counted once per agent of an episode: from its merged samples when it has both kinds, else from
+    the kind it has (`views` keeps each kind's own totals). An episode's samples are contiguous, as
+    every sink writes them; each run of one episode id is one episode here.
+    """
+
+    samples: int = 0
     with_logprobs: int = 0
+    counted: _View = field(default_factory=_View)
+    views: dict[str, _View] = field(
+        default_factory=lambda: {"per_call": _View(), "merged": _View()}
+    )
+    episodes_with_both: int = 0
     samples_per_episode: Counter[str] = field(default_factory=Counter)
     start_reasons: Counter[str] = field(default_factory=Counter)
     end_reasons: Counter[str] = field(default_factory=Counter)
     agents: Counter[str] = field(default_factory=Counter)
-    rewards: array[float] = field(default_factory=lambda: array("d"))
     lengths: array[int] = field(default_factory=lambda: array("q"))
+    _episode: str | None = None
+    _pending: dict[tuple[str | None, str], _View] = field(default_factory=dict)
 
     def add(self, sample: Sample) -> None:
         """Count one sample."""
-        n = sample.token_ids.shape[0]
+        if sample.episode_id != self._episode:
+            self._flush()
+            self._episode = sample.episode_id
         self.samples += 1
-        self.tokens += n
-        self.lengths.append(n)
-        self.trained_tokens += int(np.count_nonzero(sample.loss_mask))
-        self.calls += len(sample.spans) or len(sample.call_ids)
+        self.lengths.append(sample.token_ids.shape[0])
+        trained = int(np.count_nonzero(sample.loss_mask))
+        kind = "per_call" if sample.start_reason == PER_CALL_START else "merged"
+        self._pending.setdefault((sample.agent, kind), _View()).add(sample, trained)
         if sample.logprobs is not None:
             self.with_logprobs += 1
         self.samples_per_episode[sample.episode_id] += 1
         self.start_reasons[sample.start_reason] += 1
         self.end_reasons[sample.end_reason] += 1
         self.agents["(none)" if sample.agent is None else sample.agent] += 1
-        if sample.start_reason == PER_CALL_START:
-            self.per_call_samples += 1
-        if sample.reward is not None:
-            self.rewards.append(float(sample.reward))
+
+    def _flush(self) -> None:
+        """Count the finished episode once: each agent's merged samples when it has both kinds."""
+        pending = self._pending
+        both = False
+        for (agent, kind), view in pending.items():
+            self.views[kind].absorb(view)
+            if kind == "per_call" and (agent, "merged") in pending:
+                both = True
+                continue  # the same calls as the agent's merged samples
+            self.counted.absorb(view)
+        self.episodes_with_both += both
+        self._pending = {}
+
+    def finish(self) -> SampleStats:
+        """Count the last episode (call once the stream ends; `collect_stats` does)."""
+        self._flush()
+        self._episode = None
+        return self
+
+    @property
+    def calls(self) -> int:
+        return self.counted.calls
+
+    @property
+    def tokens(self) -> int:
+        return self.counted.tokens
+
+    @property
+    def trained_tokens(self) -> int:
+        return self.counted.trained_tokens
 
     def divergences_by_kind(self) -> dict[str, int]:
         """Divergences counted by the kind that started a merged sample."""
@@ -79,18 +191,21 @@ class SampleStats:
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as JSON-ready data (the `--json` output)."""
+        self.finish()
+        view = self.counted
         per_episode = np.fromiter(self.samples_per_episode.values(), dtype=np.int64)
         lengths = np.frombuffer(self.lengths, dtype=np.int64) if self.lengths else None
-        return {
+        summary: dict[str, Any] = {
             "episodes": len(self.samples_per_episode),
             "samples": self.samples,
-            "per_call_samples": self.per_call_samples,
-            "merged_samples": self.samples - self.per_call_samples,
+            "per_call_samples": self.views["per_call"].samples,
+            "merged_samples": self.views["merged"].samples,
             "merged_first_samples": self.start_reasons.get(EPISODE_START, 0),
-            "calls": self.calls,
-            "tokens": self.tokens,
-            "trained_tokens": self.trained_tokens,
-            "trained_fraction": self.trained_tokens / self.tokens if self.tokens else 0.0,
+            "episodes_with_both": self.episodes_with_both,
+            "calls": view.calls,
+            "tokens": view.tokens,
+            "trained_tokens": view.trained_tokens,
+            "trained_fraction": view.trained_tokens / view.tokens if view.tokens else 0.0,
             "samples_with_logprobs": self.with_logprobs,
             "samples_per_episode": _distribution(per_episode),
             "tokens_per_sample": _distribution(lengths),
@@ -99,8 +214,12 @@ class SampleStats:
             "start_reasons": dict(sorted(self.start_reasons.items())),
             "end_reasons": dict(sorted(self.end_reasons.items())),
             "agents": dict(self.agents.most_common()),
-            "rewards": _reward_summary(self.rewards, self.samples),
+            "rewards": _reward_summary(view.rewards, view.samples),
+            "constrained": view.constrained(),
         }
+        if self.episodes_with_both:
+            summary["views"] = {k: v.to_dict() for k, v in self.views.items()}
+        return summary
 
 
 def collect_stats(samples: SampleFile, *, show_progress: bool = False) -> SampleStats:
@@ -115,7 +234,7 @@ def collect_stats(samples: SampleFile, *, show_progress: bool = False) -> Sample
         for sample in samples:
             stats.add(sample)
             progress.advance(sample.token_ids.shape[0])
-    return stats
+    return stats.finish()
 
 
 def add_parser(subparsers: Any) -> None:
@@ -139,6 +258,10 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     samples = open_samples(args.samples_file, allow_truncated=args.allow_truncated)
     stats = collect_stats(samples, show_progress=progress_enabled(args.progress))
+    if stats.samples == 0:
+        raise CliInputError(
+            samples.path, "holds no samples (an empty file: did the run write anything yet?)"
+        )
     summary = stats.to_dict()
     if args.json:
         summary = {"file": str(samples.path), "format": samples.format, **summary}
@@ -181,12 +304,44 @@ def format_stats(summary: dict[str, Any], samples: SampleFile) -> str:
         ),
         ("divergences", s["divergences"], ""),
     ]
+    constrained = s["constrained"]
+    if constrained["calls"]:
+        rows.insert(
+            4,
+            (
+                "constrained calls",
+                constrained["calls"],
+                f"{constrained['trained_tokens']:,} trained tokens sampled under a constraint "
+                f"({percent(constrained['trained_tokens'], s['trained_tokens'])}); "
+                f"{constrained['spans_rescored']:,} spans rescored, "
+                f"{constrained['spans_masked']:,} masked logprobs only"
+                + (
+                    f", {constrained['rescore_errors']:,} rescore errors"
+                    if constrained["rescore_errors"]
+                    else ""
+                ),
+            ),
+        )
     size = human_bytes(samples.size_bytes)
     what = (
         f"{len(samples.parts)} {samples.format} files, " if samples.parts else f"{samples.format}, "
     )
     lines = [f"{samples.path} ({what}{size})", ""]
     lines.append(table(("", "value", "detail"), rows))
+    if "views" in s:
+        pc, mg = s["views"]["per_call"], s["views"]["merged"]
+        lines += [
+            "",
+            f"per-call and merged samples of the same calls in {s['episodes_with_both']:,} "
+            'episode(s) (assembly="both"): calls, tokens and rewards above count them once '
+            "(merged);",
+            f"  per-call view: {pc['samples']:,} samples, {pc['tokens']:,} tokens, "
+            f"{pc['trained_tokens']:,} trained",
+            f"  merged view:   {mg['samples']:,} samples, {mg['tokens']:,} tokens, "
+            f"{mg['trained_tokens']:,} trained",
+        ]
+    if constrained["kinds"]:
+        lines.append("constraints:   " + _counts(constrained["kinds"]))
     if s["divergences_by_kind"]:
         lines += ["", "divergences by kind"]
         lines.append(table(("kind", "count"), list(s["divergences_by_kind"].items()), indent="  "))

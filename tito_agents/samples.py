@@ -3,6 +3,12 @@
 One `Sample` holds one call (per-call mode) or several calls of one agent merged into one sequence
 (merged mode); `spans` says where each call's sampled tokens sit. Arrays are unshifted: position t
 holds token t, its loss bit and the logprob the engine gave token t when it sampled it.
+
+Logprobs, for trainers (docs/converters.md): `logprobs` is what the engine returned when it sampled
+(the rollout). On a span sampled under a constraint (`CallSpan.constrained`: forced tool choice,
+structured output) vLLM returns the logprobs of the grammar-masked distribution, which no trainer
+recomputes; `CallSpan.logprob_source` says which kind each span holds, and `policy_logprobs`, when
+present, holds the policy's own logprob on every trained token (re-scored on constrained spans).
 """
 
 from __future__ import annotations
@@ -38,6 +44,16 @@ class CallSpan:
     finish_reason: str | None = None
     reward: float | None = None
     policy_version: str | None = None
+    constrained: str | None = None
+    """How decoding of this call was constrained ("tool_choice=required",
+    "response_format=json_schema", ...), None for free sampling."""
+    logprob_source: str | None = None
+    """What the span's logprobs are: "policy" (free sampling: `Sample.logprobs` are the policy's
+    own), "masked" (constrained: `Sample.logprobs` are those of the masked distribution, unusable
+    for importance ratios), "rescored" (constrained: `Sample.policy_logprobs` holds the policy's
+    own, re-scored), None (no logprobs captured)."""
+    rescore_error: str | None = None
+    """Why a constrained span could not be re-scored."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +64,9 @@ class CallSpan:
             "finish_reason": self.finish_reason,
             "reward": self.reward,
             "policy_version": self.policy_version,
+            "constrained": self.constrained,
+            "logprob_source": self.logprob_source,
+            "rescore_error": self.rescore_error,
         }
 
     @classmethod
@@ -60,6 +79,9 @@ class CallSpan:
             finish_reason=data.get("finish_reason"),
             reward=data.get("reward"),
             policy_version=data.get("policy_version"),
+            constrained=data.get("constrained"),
+            logprob_source=data.get("logprob_source"),
+            rescore_error=data.get("rescore_error"),
         )
 
 
@@ -83,6 +105,24 @@ class Sample:
     start_reason: str = "call"
     end_reason: str = "call"
     metadata: dict[str, Any] = field(default_factory=dict)
+    policy_logprobs: LogprobArray | None = None
+    """The policy's own (unmasked) logprob on every trained token, 0.0 elsewhere: re-scored on
+    spans whose `logprob_source` is "rescored", equal to `logprobs` on the others. Present only
+    when some span was re-scored and every trained token has a policy logprob; use it for
+    importance ratios when present, else `logprobs` (see `constrained_mask`)."""
+
+    def constrained_mask(self) -> MaskArray:
+        """1 on trained tokens sampled under a constraint, 0 elsewhere."""
+        mask = np.zeros(self.token_ids.shape[0], dtype=np.uint8)
+        for span in self.spans:
+            if span.constrained is not None:
+                mask[span.start : span.end] = 1
+        return mask
+
+    def ratio_logprobs(self) -> LogprobArray | None:
+        """The logprobs a trainer should take as the old policy's in importance ratios:
+        `policy_logprobs` when present, else `logprobs` (masked spans show in `constrained_mask`)."""
+        return self.policy_logprobs if self.policy_logprobs is not None else self.logprobs
 
     @property
     def num_tokens(self) -> int:
@@ -113,6 +153,7 @@ class Sample:
             "start_reason": self.start_reason,
             "end_reason": self.end_reason,
             "metadata": self.metadata,
+            "policy_logprobs": self.policy_logprobs,
         }
 
     @classmethod
@@ -125,6 +166,8 @@ class Sample:
             loss_mask = np.asarray(data["loss_mask"], dtype=np.uint8)
             raw_lp = data.get("logprobs")
             logprobs = None if raw_lp is None else np.asarray(raw_lp, dtype=np.float32)
+            raw_plp = data.get("policy_logprobs")
+            policy_lp = None if raw_plp is None else np.asarray(raw_plp, dtype=np.float32)
             sample = cls(
                 sample_id=str(data["sample_id"]),
                 episode_id=str(data["episode_id"]),
@@ -141,6 +184,7 @@ class Sample:
                 start_reason=str(data.get("start_reason", "call")),
                 end_reason=str(data.get("end_reason", "call")),
                 metadata=dict(data.get("metadata") or {}),
+                policy_logprobs=policy_lp,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SampleFormatError(f"not a valid sample: {exc!r}") from exc
@@ -156,6 +200,10 @@ class Sample:
             )
         if self.logprobs is not None and self.logprobs.shape != (n,):
             raise SampleFormatError(f"sample {self.sample_id}: logprobs length != token_ids length")
+        if self.policy_logprobs is not None and self.policy_logprobs.shape != (n,):
+            raise SampleFormatError(
+                f"sample {self.sample_id}: policy_logprobs length != token_ids length"
+            )
         if n and (int(self.loss_mask.max()) > 1):
             raise SampleFormatError(
                 f"sample {self.sample_id}: loss_mask holds values other than 0/1"

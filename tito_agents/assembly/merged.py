@@ -77,6 +77,7 @@ from tito_agents.assembly.divergence import (
     common_prefix_len,
     excerpt,
 )
+from tito_agents.assembly.logprob_kinds import policy_logprobs, span_flags
 from tito_agents.assembly.options import AssemblyMode, AssemblyOptions, EpisodeContext
 from tito_agents.calls import Call, CallStatus, IdArray
 from tito_agents.samples import CallSpan, Sample, finite_or_none, sample_id_for
@@ -381,6 +382,7 @@ def _chain_sample(
                 finish_reason=call.finish_reason,
                 reward=call.reward,
                 policy_version=call.policy_version,
+                **span_flags(call),
             )
         )
     call_ids = [c.call_id for c in chain.calls]
@@ -404,6 +406,9 @@ def _chain_sample(
         start_reason=chain.start_reason,
         end_reason=chain.end_reason,
         metadata=meta,
+        policy_logprobs=policy_logprobs(
+            total, [(int(c.prompt_ids.shape[0]), c) for c in chain.calls]
+        ),
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tito_agents.assembly.logprob_kinds import policy_logprobs, span_flags
 from tito_agents.assembly.options import EpisodeContext
 from tito_agents.calls import Call, CallStatus
 from tito_agents.samples import CallSpan, Sample, sample_id_for
@@ -46,6 +47,7 @@ def sample_of_call(call: Call, episode: EpisodeContext) -> Sample:
         finish_reason=call.finish_reason,
         reward=call.reward,
         policy_version=call.policy_version,
+        **span_flags(call),
     )
     meta = dict(episode.metadata or {})
     if call.labels:
@@ -66,6 +68,7 @@ def sample_of_call(call: Call, episode: EpisodeContext) -> Sample:
         start_reason=PER_CALL_REASON,
         end_reason=call.finish_reason or PER_CALL_REASON,
         metadata=meta,
+        policy_logprobs=policy_logprobs(total, [(prompt_len, call)]),
     )
 
 

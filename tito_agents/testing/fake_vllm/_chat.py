@@ -24,7 +24,7 @@ from tito_agents.testing.fake_vllm._engine import (
     strip_events,
     strip_token_ids,
 )
-from tito_agents.testing.fake_vllm._logprobs import Scored
+from tito_agents.testing.fake_vllm._logprobs import Scored, masked
 from tito_agents.testing.fake_vllm._model import RequestView, Sample
 from tito_agents.testing.fake_vllm._requests import ChatRequest, parse_chat
 from tito_agents.testing.fake_vllm._tools import (
@@ -105,9 +105,10 @@ class _ChatRun:
     def _scored(self, sample: Sample) -> list[Scored] | None:
         if not self.request.logprobs or self.hide:
             return None
-        return self.engine.score_sampled(
+        scored = self.engine.score_sampled(
             self.prompt_ids, sample.token_ids, self.request.top_logprobs
         )
+        return masked(scored) if self.request.constrained else scored
 
     def _logprobs(self, positions: Sequence[Scored]) -> Json:
         return wire.chat_logprobs(positions, self.request.top_logprobs, as_ids=self.as_ids)

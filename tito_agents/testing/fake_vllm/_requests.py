@@ -134,6 +134,20 @@ class ChatRequest:
             return str((self.tool_choice.get("function") or {}).get("name"))
         return None
 
+    @property
+    def constrained(self) -> bool:
+        """Whether vLLM samples this request through a grammar mask: a forced tool choice or a
+        structured output (`response_format` json, `structured_outputs`, `guided_*`)."""
+        if self.tools and (self.tool_choice == "required" or self.named_tool):
+            return True
+        body = self.sampling.body
+        fmt = body.get("response_format")
+        if isinstance(fmt, Mapping) and fmt.get("type") in ("json_schema", "json_object"):
+            return True
+        return bool(body.get("structured_outputs")) or any(
+            body.get(k) is not None for k in ("guided_json", "guided_regex", "guided_choice")
+        )
+
 
 @dataclass(frozen=True)
 class CompletionRequest:

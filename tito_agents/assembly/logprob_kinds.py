@@ -1,0 +1,58 @@
+"""How each span's logprobs were sampled, and the policy logprobs of a sample (shared by the
+per-call and merged assemblers).
+
+vLLM returns, for a call sampled under a constraint (forced tool choice, structured output), the
+logprobs of the grammar-masked distribution; re-scoring (`tito_agents.rescore`) recovers the
+policy's own. A sample says which kind each span holds and, when some span was re-scored, carries
+the policy's logprob on every trained token in `Sample.policy_logprobs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tito_agents.calls import Call, LogprobArray
+
+POLICY = "policy"
+MASKED = "masked"
+RESCORED = "rescored"
+
+
+def logprob_source(call: Call) -> str | None:
+    """What the call's logprobs are (see `CallSpan.logprob_source`)."""
+    if call.constrained is None:
+        return POLICY if call.logprobs is not None else None
+    if _has_policy(call):
+        return RESCORED
+    return MASKED if call.logprobs is not None else None
+
+
+def span_flags(call: Call) -> dict[str, str | None]:
+    """The `CallSpan` fields that say how the call was sampled."""
+    return {
+        "constrained": call.constrained,
+        "logprob_source": logprob_source(call),
+        "rescore_error": call.rescore_error if call.constrained is not None else None,
+    }
+
+
+def policy_logprobs(total: int, placed: Sequence[tuple[int, Call]]) -> LogprobArray | None:
+    """The policy's logprob on every trained token of a sample of `total` positions, where
+    `placed` lists each call with the position of its first sampled token; None unless some call
+    was re-scored and every call has policy logprobs (re-scored, or its free-sampling logprobs)."""
+    if not any(c.constrained is not None and _has_policy(c) for _, c in placed):
+        return None
+    out = np.zeros(total, dtype=np.float32)
+    for start, call in placed:
+        values = call.policy_logprobs if call.constrained is not None else call.logprobs
+        if values is None or values.shape != call.sampled_ids.shape:
+            return None
+        out[start : start + call.num_sampled] = values
+    return out
+
+
+def _has_policy(call: Call) -> bool:
+    lp = call.policy_logprobs
+    return lp is not None and lp.shape == call.sampled_ids.shape

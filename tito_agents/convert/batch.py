@@ -71,7 +71,12 @@ def shifted_targets(
 
 def _all_logprobs(samples: Sequence[Sample]) -> bool:
     """Logprob fields exist only when every sample has them (a made-up 0.0 would bias IS ratios)."""
-    return all(s.logprobs is not None for s in samples)
+    return all(s.ratio_logprobs() is not None for s in samples)
+
+
+def _any_constrained(samples: Sequence[Sample]) -> bool:
+    """`constrained_mask` fields exist only when some span was sampled under a constraint."""
+    return any(span.constrained is not None for s in samples for span in s.spans)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +88,20 @@ class PaddedBatch:
     position_ids: IdMatrix
     loss_mask: MaskMatrix
     logprobs: FloatMatrix | None
-    """Rollout logprobs (0.0 off the trained tokens); None unless every sample had them."""
+    """The old policy's logprobs for importance ratios (`Sample.ratio_logprobs`: re-scored policy
+    logprobs where a constrained span was re-scored, else the rollout's), 0.0 off the trained
+    tokens; None unless every sample had them."""
     lengths: npt.NDArray[np.int64]
     """Real tokens per row (after truncation)."""
     truncated: npt.NDArray[np.bool_]
     padding_side: Side
     sample_ids: tuple[str, ...]
+    constrained_mask: MaskMatrix | None = None
+    """1 on trained tokens sampled under a constraint (forced tool choice, structured output);
+    None when no sample has such a span."""
 
     def arrays(self) -> dict[str, npt.NDArray[Any]]:
-        """The `[B, T]` fields by name (`logprobs` only when present)."""
+        """The `[B, T]` fields by name (`logprobs`, `constrained_mask` only when present)."""
         out: dict[str, npt.NDArray[Any]] = {
             "input_ids": self.input_ids,
             "attention_mask": self.attention_mask,
@@ -100,6 +110,8 @@ class PaddedBatch:
         }
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
+        if self.constrained_mask is not None:
+            out["constrained_mask"] = self.constrained_mask
         return out
 
     def to_torch(self) -> dict[str, Any]:
@@ -169,9 +181,19 @@ def pad_batch(
     if _all_logprobs(samples):
         logprobs = np.zeros((n, width), dtype=np.float32)
         rows = [
-            s.logprobs[:k] for s, k in zip(samples, keep, strict=True) if s.logprobs is not None
+            lp[:k]
+            for s, k in zip(samples, keep, strict=True)
+            if (lp := s.ratio_logprobs()) is not None
         ]
         fill_rows(logprobs, rows, starts)
+    constrained = None
+    if _any_constrained(samples):
+        constrained = np.zeros((n, width), dtype=np.uint8)
+        fill_rows(
+            constrained,
+            [s.constrained_mask()[:k] for s, k in zip(samples, keep, strict=True)],
+            starts,
+        )
     attention_mask = span_mask(starts, starts + lengths, width)
     return PaddedBatch(
         input_ids=input_ids,
@@ -183,6 +205,7 @@ def pad_batch(
         truncated=truncated,
         padding_side=side,
         sample_ids=tuple(s.sample_id for s in samples),
+        constrained_mask=constrained,
     )
 
 
@@ -202,13 +225,15 @@ class SplitBatch:
     loss_mask: MaskMatrix
     """Loss bits over `[B, P + R]`: 0 on the whole prompt half and on pads."""
     logprobs: FloatMatrix | None
-    """Rollout logprobs over `[B, P + R]`, 0.0 off the trained tokens; None unless every sample had
-    them."""
+    """The old policy's logprobs over `[B, P + R]` (`Sample.ratio_logprobs`), 0.0 off the trained
+    tokens; None unless every sample had them."""
     prompt_width: int
     prompt_lengths: npt.NDArray[np.int64]
     response_lengths: npt.NDArray[np.int64]
     truncated: npt.NDArray[np.bool_]
     sample_ids: tuple[str, ...]
+    constrained_mask: MaskMatrix | None = None
+    """Over `[B, P + R]`: 1 on trained tokens sampled under a constraint; None when none was."""
 
     @property
     def response_width(self) -> int:
@@ -238,6 +263,11 @@ class SplitBatch:
     def response_logprobs(self) -> FloatMatrix | None:
         return None if self.logprobs is None else self.logprobs[:, self.prompt_width :]
 
+    @property
+    def response_constrained_mask(self) -> MaskMatrix | None:
+        mask = self.constrained_mask
+        return None if mask is None else mask[:, self.prompt_width :]
+
     def arrays(self) -> dict[str, npt.NDArray[Any]]:
         """Generic names: `prompt_ids`, `prompt_mask`, `response_ids`, `response_mask` (attention),
         `response_loss_mask`, `response_logprobs`, `input_ids`, `attention_mask`, `position_ids`."""
@@ -253,6 +283,8 @@ class SplitBatch:
         }
         if self.logprobs is not None:
             out["response_logprobs"] = self.logprobs[:, self.prompt_width :]
+        if self.constrained_mask is not None:
+            out["response_constrained_mask"] = self.constrained_mask[:, self.prompt_width :]
         return out
 
     def to_torch(self) -> dict[str, Any]:
@@ -318,11 +350,16 @@ def pad_split_batch(
     if _all_logprobs(samples):
         logprobs = np.zeros((n, width), dtype=np.float32)
         rows = [
-            s.logprobs[a:b]
+            lp[a:b]
             for s, (a, b) in zip(samples, cuts, strict=True)
-            if s.logprobs is not None
+            if (lp := s.ratio_logprobs()) is not None
         ]
         fill_rows(logprobs, rows, starts)
+    constrained = None
+    if _any_constrained(samples):
+        constrained = np.zeros((n, width), dtype=np.uint8)
+        rows_c = [s.constrained_mask()[a:b] for s, (a, b) in zip(samples, cuts, strict=True)]
+        fill_rows(constrained, rows_c, starts)
     attention_mask = span_mask(starts, p_width + r_keep, width)
     return SplitBatch(
         input_ids=input_ids,
@@ -335,4 +372,5 @@ def pad_split_batch(
         response_lengths=r_keep,
         truncated=truncated,
         sample_ids=tuple(s.sample_id for s in samples),
+        constrained_mask=constrained,
     )

@@ -31,7 +31,8 @@ class PackedBatch:
     """0, 1, ... within each sequence, restarting at every sequence start."""
     loss_mask: npt.NDArray[np.uint8]
     logprobs: npt.NDArray[np.float32] | None
-    """Rollout logprobs, 0.0 off the trained tokens; None unless every sample had them."""
+    """The old policy's logprobs (`Sample.ratio_logprobs`), 0.0 off the trained tokens; None
+    unless every sample had them."""
     cu_seqlens: npt.NDArray[np.int32]
     """`[B + 1]`: sequence b is `cu_seqlens[b]:cu_seqlens[b + 1]`."""
     max_seqlen: int
@@ -41,6 +42,8 @@ class PackedBatch:
     """Each sample's advantage on every one of its tokens (the loss mask selects the trained
     ones); None when no advantages were given."""
     sample_ids: tuple[str, ...]
+    constrained_mask: npt.NDArray[np.uint8] | None = None
+    """1 on trained tokens sampled under a constraint; None when no sample has such a span."""
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +62,8 @@ class PackedBatch:
             out["logprobs"] = self.logprobs
         if self.advantages is not None:
             out["advantages"] = self.advantages
+        if self.constrained_mask is not None:
+            out["constrained_mask"] = self.constrained_mask
         return out
 
     def to_torch(self) -> dict[str, Any]:
@@ -89,10 +94,14 @@ def pack_batch(
     input_ids = np.concatenate([s.token_ids for s in samples]).astype(np.int32, copy=False)
     loss_mask = np.concatenate([s.loss_mask for s in samples]).astype(np.uint8, copy=False)
     logprobs = None
-    if all(s.logprobs is not None for s in samples):
-        logprobs = np.concatenate([s.logprobs for s in samples if s.logprobs is not None]).astype(
+    ratio = [s.ratio_logprobs() for s in samples]
+    if all(lp is not None for lp in ratio):
+        logprobs = np.concatenate([lp for lp in ratio if lp is not None]).astype(
             np.float32, copy=False
         )
+    constrained = None
+    if any(span.constrained is not None for s in samples for span in s.spans):
+        constrained = np.concatenate([s.constrained_mask() for s in samples])
     starts = np.repeat(cu_seqlens[:-1], lengths)
     position_ids = (np.arange(total, dtype=np.int32) - starts).astype(np.int32, copy=False)
     sequence_ids = np.repeat(np.arange(n, dtype=np.int32), lengths)
@@ -112,6 +121,7 @@ def pack_batch(
         sequence_ids=sequence_ids,
         advantages=per_token_adv,
         sample_ids=tuple(s.sample_id for s in samples),
+        constrained_mask=constrained,
     )
 
 

@@ -37,6 +37,20 @@ REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 """The keys TRL's `GRPOTrainer._generate` requires of a `rollout_func` result."""
 
 
+def trl_logprobs(sample: Sample) -> list[float | None]:
+    """Per-token old-policy logprobs for TRL: `Sample.ratio_logprobs`, with None on tokens of
+    constrained spans that were not re-scored (their logprobs are the masked distribution's, which
+    no trainer recomputes) and everywhere when the sample has no logprobs."""
+    values = sample.ratio_logprobs()
+    if values is None:
+        return [None] * sample.num_tokens
+    out: list[float | None] = values.tolist()
+    for span in sample.spans:
+        if span.logprob_source == "masked":
+            out[span.start : span.end] = [None] * (span.end - span.start)
+    return out
+
+
 def to_trl_rollout(
     samples: Sequence[Sample],
     *,
@@ -47,9 +61,11 @@ def to_trl_rollout(
     """The dict a TRL `rollout_func` returns for `samples`, one completion per sample, in order.
 
     Rows are Python lists (TRL's documented types): `prompt_ids`, `completion_ids`, `logprobs`
-    (None per token when a sample has no logprobs; TRL turns None into NaN and neutralises it in its
-    importance-sampling correction) and `env_mask`. `reward_key` adds the samples' rewards as an
-    extra field for `passthrough_reward`; `extra_fields` adds more (one value per sample).
+    (the old policy's, `trl_logprobs`: None per token where there is none the policy would
+    recompute — no logprobs captured, or a constrained span not re-scored; TRL turns None into NaN
+    and neutralises it in its importance-sampling correction) and `env_mask`. `reward_key` adds
+    the samples' rewards as an extra field for `passthrough_reward`; `extra_fields` adds more (one
+    value per sample).
     `num_generations`, when given, checks that consecutive blocks of that many samples share a
     GRPO group and that no episode appears twice (TRL groups rows by position, one per rollout).
     """
@@ -61,10 +77,7 @@ def to_trl_rollout(
         split = prompt_length(sample)
         out["prompt_ids"].append(sample.token_ids[:split].tolist())
         out["completion_ids"].append(sample.token_ids[split:].tolist())
-        if sample.logprobs is None:
-            out["logprobs"].append([None] * (sample.num_tokens - split))
-        else:
-            out["logprobs"].append(sample.logprobs[split:].tolist())
+        out["logprobs"].append(trl_logprobs(sample)[split:])
         out["env_mask"].append(sample.loss_mask[split:].tolist())
     if reward_key is not None:
         out[reward_key] = [s.reward for s in samples]
@@ -155,7 +168,8 @@ def to_trl_rollout_samples(
             )
     records: list[TrlRolloutSampleFields] = []
     for sample, advantage in zip(samples, adv.tolist(), strict=True):
-        if sample.logprobs is None:
+        old = sample.ratio_logprobs()
+        if old is None:
             raise ConversionError(
                 f"sample {sample.sample_id}: no logprobs, which AsyncGRPO's old_log_probs needs "
                 "(capture with Collector(capture_logprobs=True))"
@@ -173,7 +187,7 @@ def to_trl_rollout_samples(
                 "completion": [],
                 "input_ids": sample.token_ids.astype(np.int64),
                 "completion_mask": sample.loss_mask.astype(np.int64),
-                "old_log_probs": sample.logprobs.astype(np.float32, copy=True),
+                "old_log_probs": old.astype(np.float32, copy=True),
                 "advantage": float(advantage),
                 "model_version": int(version),
                 "group_id": stable_int_id(group_key(sample)),

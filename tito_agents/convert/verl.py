@@ -89,6 +89,9 @@ class VerlBatch:
             out["rollout_log_probs"] = self.rollout_log_probs
         if self.rm_scores is not None:
             out["rm_scores"] = self.rm_scores
+        constrained = self.split.response_constrained_mask
+        if constrained is not None:  # an extra tensor verl carries along; see docs/converters.md
+            out["constrained_mask"] = constrained
         return out
 
     def non_tensors(self) -> dict[str, npt.NDArray[Any]]:
@@ -162,7 +165,8 @@ def to_agent_loop_outputs(samples: Sequence[Sample]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     for sample in samples:
         split = split_point(sample)
-        logprobs = None if sample.logprobs is None else sample.logprobs[split:].tolist()
+        old = sample.ratio_logprobs()
+        logprobs = None if old is None else old[split:].tolist()
         records.append(
             {
                 "prompt_ids": sample.token_ids[:split].tolist(),

@@ -39,7 +39,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without pyarrow
     raise missing("pyarrow") from exc
 
-TOKEN_COLUMNS = ("token_ids", "loss_mask", "logprobs")
+TOKEN_COLUMNS = ("token_ids", "loss_mask", "logprobs", "policy_logprobs")
 """The array columns: no dictionary encoding, no statistics (both cost much and help nothing)."""
 
 SPAN_TYPE = pa.struct(
@@ -51,6 +51,9 @@ SPAN_TYPE = pa.struct(
         ("finish_reason", pa.string()),
         ("reward", pa.float64()),
         ("policy_version", pa.string()),
+        ("constrained", pa.string()),
+        ("logprob_source", pa.string()),
+        ("rescore_error", pa.string()),
     ]
 )
 
@@ -72,6 +75,7 @@ SCHEMA = pa.schema(
         ("start_reason", pa.string()),
         ("end_reason", pa.string()),
         ("metadata", pa.string()),
+        ("policy_logprobs", pa.list_(pa.float32())),
     ]
 )
 """The Arrow schema of sample files (Sample fields; `metadata` as a JSON string)."""
@@ -133,6 +137,7 @@ def samples_to_batch(samples: Sequence[Sample]) -> Any:
             [orjson.dumps(s.metadata).decode() if s.metadata else None for s in samples],
             pa.string(),
         ),
+        _list_column([s.policy_logprobs for s in samples], np.float32, pa.float32()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
@@ -162,6 +167,12 @@ def batch_to_samples(batch: Any) -> Iterator[Sample]:
     token_ids = _row_arrays(batch.column("token_ids"), np.int32)
     loss_mask = _row_arrays(batch.column("loss_mask"), np.uint8)
     logprobs = _row_arrays(batch.column("logprobs"), np.float32)
+    names = batch.schema.names
+    policy = (  # files written before policy logprobs existed have no such column
+        _row_arrays(batch.column("policy_logprobs"), np.float32)
+        if "policy_logprobs" in names
+        else [None] * batch.num_rows
+    )
     scalars = {name: batch.column(name).to_pylist() for name in _SCALAR_COLUMNS}
     for i in range(batch.num_rows):
         ids = token_ids[i]
@@ -183,6 +194,7 @@ def batch_to_samples(batch: Any) -> Iterator[Sample]:
             start_reason=scalars["start_reason"][i] or "call",
             end_reason=scalars["end_reason"][i] or "call",
             metadata=orjson.loads(metadata) if metadata else {},
+            policy_logprobs=policy[i],
         )
         sample.validate()
         yield sample

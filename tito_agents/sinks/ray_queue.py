@@ -432,7 +432,7 @@ class RayReader:
 def _own_arrays(data: dict[str, Any]) -> dict[str, Any]:
     """Copy the arrays out of the object store (writable, and independent of its lifetime)."""
     out = dict(data)
-    for key in ("token_ids", "loss_mask", "logprobs"):
+    for key in ("token_ids", "loss_mask", "logprobs", "policy_logprobs"):
         value = out.get(key)
         if value is not None:
             out[key] = value.copy()

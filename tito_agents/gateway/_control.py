@@ -1,0 +1,210 @@
+"""The control API: opening and closing episodes, rewards, agent names and labels, reports.
+
+Everything here sits under `/control/` and needs the control token (`Authorization: Bearer
+<token>`), which only the rollout driver holds. The agent is given an episode's base URL
+(`/episodes/{id}/v1`), which forwards model calls and nothing else: agent code can neither close
+its episode nor set its own reward. The token is compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tito_agents.gateway._registry import Registry, RegistryError, call_summaries
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    return Response(
+        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+def control_error(status: int, message: str) -> Response:
+    return json_response({"error": {"message": message, "code": status}}, status)
+
+
+class ControlAPI:
+    """The `/control/...` routes of one gateway."""
+
+    def __init__(self, registry: Registry, token: str) -> None:
+        if not token:
+            raise ValueError("the control API needs a token")
+        self.registry = registry
+        self._token = token.encode()
+
+    def routes(self) -> list[Route]:
+        guard = self._guarded
+        return [
+            Route("/control/episodes", guard(self.open_episode), methods=["POST"]),
+            Route("/control/episodes", guard(self.list_episodes), methods=["GET"]),
+            Route("/control/episodes/{episode_id}", guard(self.report), methods=["GET"]),
+            Route("/control/episodes/{episode_id}", guard(self.update), methods=["PATCH"]),
+            Route("/control/episodes/{episode_id}/calls", guard(self.calls), methods=["GET"]),
+            Route("/control/episodes/{episode_id}/reward", guard(self.reward), methods=["POST"]),
+            Route("/control/episodes/{episode_id}/close", guard(self.close), methods=["POST"]),
+            Route("/control/policy-version", guard(self.policy_version), methods=["PUT"]),
+            Route("/control/stats", guard(self.stats), methods=["GET"]),
+        ]
+
+    def _guarded(self, handler: Handler) -> Handler:
+        async def guarded(request: Request) -> Response:
+            given = request.headers.get("authorization", "")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), self._token
+            ):
+                return control_error(401, "the control API needs the gateway's control token")
+            try:
+                return await handler(request)
+            except RegistryError as exc:
+                return control_error(exc.status, str(exc))
+            except _BadInput as exc:
+                return control_error(400, str(exc))
+
+        return guarded
+
+    # ---- handlers ----
+
+    async def open_episode(self, request: Request) -> Response:
+        body = await _json_object(request)
+        held = self.registry.open_episode(
+            _opt_str(body, "episode_id"),
+            task_id=_opt_str(body, "task_id"),
+            group_id=_opt_str(body, "group_id"),
+            agent=_opt_str(body, "agent"),
+            labels=_opt_dict(body, "labels"),
+            metadata=_opt_dict(body, "metadata"),
+            sessions=_opt_bool(body, "sessions"),
+        )
+        episode_id = held.episode.episode_id
+        return json_response(
+            {"episode_id": episode_id, "base_url": f"/episodes/{episode_id}/v1"}, 201
+        )
+
+    async def list_episodes(self, request: Request) -> Response:
+        registry = self.registry
+        return json_response(
+            {
+                "open": [
+                    {
+                        "episode_id": i,
+                        "calls": len(h.episode.calls),
+                        "in_flight": h.episode.inflight,
+                    }
+                    for i, h in registry.open.items()
+                ],
+                "lost": list(registry.lost),
+            }
+        )
+
+    async def report(self, request: Request) -> Response:
+        return json_response(self.registry.report(request.path_params["episode_id"]))
+
+    async def update(self, request: Request) -> Response:
+        """Agent name, labels (merged) and metadata (merged) of an open episode; they apply to
+        the calls forwarded from now on (labels, agent) and to its samples (metadata)."""
+        held = self.registry.get_open(request.path_params["episode_id"])
+        body = await _json_object(request)
+        if "agent" in body:
+            held.episode.agent = _opt_str(body, "agent")
+        held.labels.update(_opt_dict(body, "labels") or {})
+        held.episode.metadata.update(_opt_dict(body, "metadata") or {})
+        return json_response(self.registry.report(held.episode.episode_id))
+
+    async def calls(self, request: Request) -> Response:
+        held = self.registry.get_open(request.path_params["episode_id"])
+        return json_response({"calls": call_summaries(held)})
+
+    async def reward(self, request: Request) -> Response:
+        """`{"reward": x}` sets the episode's reward; with `"call": id` (a call id, or a response
+        id for all of its choices) it sets that call's reward."""
+        held = self.registry.get_open(request.path_params["episode_id"])
+        body = await _json_object(request)
+        reward = _reward(body)
+        call = _opt_str(body, "call")
+        if call is None:
+            held.episode.set_reward(reward)
+        else:
+            try:
+                held.episode.set_call_reward(call, reward)
+            except KeyError:
+                raise RegistryError(404, f"no captured call {call!r} in this episode") from None
+        return json_response(
+            {"episode_id": held.episode.episode_id, "call": call, "reward": reward}
+        )
+
+    async def close(self, request: Request) -> Response:
+        body = await _json_object(request)
+        report = await self.registry.close_episode(
+            request.path_params["episode_id"],
+            reward=_reward(body) if body.get("reward") is not None else None,
+            failed=bool(_opt_bool(body, "failed")),
+        )
+        return json_response(report)
+
+    async def policy_version(self, request: Request) -> Response:
+        body = await _json_object(request)
+        self.registry.collector.policy_version = _opt_str(body, "policy_version")
+        return json_response({"policy_version": self.registry.collector.policy_version})
+
+    async def stats(self, request: Request) -> Response:
+        return json_response(self.registry.collector.stats.as_dict())
+
+
+class _BadInput(Exception):
+    pass
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _BadInput(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise _BadInput("the body must be a JSON object")
+    return body
+
+
+def _opt_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise _BadInput(f"{key} must be a string")
+    return value
+
+
+def _opt_bool(body: dict[str, Any], key: str) -> bool | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise _BadInput(f"{key} must be true or false")
+    return value
+
+
+def _opt_dict(body: dict[str, Any], key: str) -> dict[str, Any] | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise _BadInput(f"{key} must be a JSON object")
+    return value
+
+
+def _reward(body: dict[str, Any]) -> float | None:
+    value = body.get("reward")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _BadInput("reward must be a finite number or null")
+    return float(value)

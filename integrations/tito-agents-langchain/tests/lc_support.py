@@ -16,7 +16,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from tito_agents.testing.fake_vllm import RequestView, default_responder
+from tito_agents.testing.fake_vllm import RequestView, handoff_responder
 
 WEATHER = {"Paris": "18C and sunny", "Tokyo": "22C and cloudy", "Oslo": "3C and snowing"}
 
@@ -54,10 +54,11 @@ MakeModel = Callable[..., ChatOpenAI]
 
 
 def responder(view: RequestView) -> str:
-    """The default fake model, plus a JSON object when a `response_format` is requested."""
+    """The fake model that takes handoffs (the default one where no handoff or named tool is
+    offered), plus a JSON object when a `response_format` is requested."""
     if view.body.get("response_format"):
         return json.dumps(STRUCTURED_REPLY)
-    return default_responder(view)
+    return handoff_responder(view)
 
 
 def decode(tokenizer: Any, ids: Any) -> str:

@@ -23,6 +23,7 @@ from tito_agents_langchain import (
     TitoCallbackHandler,
     call_id_of,
     current_episode,
+    node_agent,
     set_step_reward,
     wrap,
 )
@@ -80,8 +81,9 @@ async def test_sync_paths_attribute_like_async(
 async def test_multi_node_graph_yields_per_node_trajectories(
     make_model: MakeModel, collector: tito.Collector, tokenizer: Any
 ) -> None:
-    """Each node's calls (parallel branches and a subgraph's inner node included) carry that node
-    as their agent; the handler attached with with_config() scopes the one episode."""
+    """Each top-level node's calls (parallel branches, and a subgraph node for its inner node's
+    calls) carry that node as their agent; `agent_from=node_agent` labels the inner node instead.
+    The handler attached with with_config() scopes the one episode."""
     llm = wrap(make_model(), collector)
 
     def node(prompt: str) -> Any:
@@ -103,11 +105,18 @@ async def test_multi_node_graph_yields_per_node_trajectories(
     handler = TitoCallbackHandler(collector)
     await outer.compile().with_config(callbacks=[handler]).ainvoke(QUESTION)
     by_agent = {s.agent: s for s in samples_of(collector)}
-    assert set(by_agent) == {"researcher", "critic", "draft"}
-    for agent, prefix in (("researcher", "Research:"), ("critic", "Critic:"), ("draft", "Draft:")):
+    assert set(by_agent) == {"researcher", "critic", "writer"}
+    for agent, prefix in (("researcher", "Research:"), ("critic", "Critic:"), ("writer", "Draft:")):
         assert prefix in decode(tokenizer, by_agent[agent].token_ids)
-    assert by_agent["draft"].metadata["labels"]["langgraph_checkpoint_ns"].startswith("writer:")
+        assert by_agent[agent].metadata["labels"]["agent_path"] == agent
+    labels = by_agent["writer"].metadata["labels"]
+    assert labels["langgraph_checkpoint_ns"].startswith("writer:")
+    assert labels["langgraph_node"] == "draft"
     assert len({s.episode_id for s in by_agent.values()}) == 1
+
+    per_node = TitoCallbackHandler(collector, agent_from=node_agent)
+    await outer.compile().with_config(callbacks=[per_node]).ainvoke(QUESTION)
+    assert {s.agent for s in samples_of(collector)[3:]} == {"researcher", "critic", "draft"}
 
 
 async def test_streamed_model_messages_carry_call_and_token_ids(

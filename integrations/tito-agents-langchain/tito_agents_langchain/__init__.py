@@ -9,14 +9,16 @@
     await graph.ainvoke(inputs, config={"callbacks": [handler]})   # one episode per invocation
 
 `wrap` makes the model capture the exact token ids vLLM sampled (through the tito-agents
-transport); the handler scopes one episode per root run and labels every call with its LangGraph
-node and step, so concurrent invocations never mix and a multi-node graph yields per-node
-trajectories. `Collector` is `tito_agents.Collector`, re-exported so that one import line is enough.
+transport); the handler scopes one episode per root run and labels every call with the agent that
+made it (a `create_agent` name, a supervisor's or swarm's agent node, a plain graph's node) and the
+chain of agents around it, so concurrent invocations never mix and a multi-agent graph yields one
+trajectory per agent. `Collector` is `tito_agents.Collector`, re-exported so that one import line is enough.
 """
 
 from __future__ import annotations
 
 from tito_agents import Collector
+from tito_agents_langchain._agents import agent_path
 from tito_agents_langchain._attribution import (
     LABEL_KEYS,
     current_episode,
@@ -37,6 +39,7 @@ __all__ = [
     "Collector",
     "TitoCallbackHandler",
     "__version__",
+    "agent_path",
     "call_id_of",
     "current_episode",
     "node_agent",

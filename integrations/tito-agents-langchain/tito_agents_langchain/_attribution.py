@@ -1,5 +1,5 @@
 """The attribution resolver: when a captured request is sent, read LangChain's own context and name
-the request's episode (its root run's), agent (the LangGraph node) and labels (run ids, step).
+the request's episode (its root run's), agent (`_agents.agent_path`) and labels (run ids, step).
 
 It runs inside the capture transport, in the caller's context, so it sees:
 
@@ -23,21 +23,30 @@ from langchain_core.runnables.config import var_child_runnable_config
 
 import tito_agents as tito
 from tito_agents.integration import Attribution, register_resolver
+from tito_agents_langchain._agents import PATH_SEPARATOR, agent_path
 from tito_agents_langchain._messages import call_id_of
 from tito_agents_langchain._scopes import (
     MODEL_RUN,
+    AgentOfCall,
     ModelRun,
     RootScope,
     RunScopes,
     live_scopes,
 )
 
-LABEL_KEYS = ("langgraph_node", "langgraph_step", "langgraph_checkpoint_ns", "thread_id")
+LABEL_KEYS = (
+    "langgraph_node",
+    "langgraph_step",
+    "langgraph_checkpoint_ns",
+    "lc_agent_name",
+    "thread_id",
+)
 """Runnable metadata copied onto each call's labels (and so onto each sample's metadata)."""
 
 
 def node_agent(metadata: Mapping[str, Any]) -> str | None:
-    """The default agent label: the LangGraph node making the call (None outside a graph)."""
+    """The LangGraph node making the call (None outside a graph): the agent label before agents
+    were named, e.g. `TitoCallbackHandler(collector, agent_from=node_agent)` for per-node labels."""
     node = metadata.get("langgraph_node")
     return node if isinstance(node, str) else None
 
@@ -62,10 +71,16 @@ def resolve() -> Attribution | None:
     )
     if run is not None:
         _check_setup(run, scope)
+    if scope is not None:
+        named = scope.handler.agent_for(metadata, scope)
+    else:
+        path = agent_path(metadata)
+        named = AgentOfCall(path[-1] if path else None, path)
+    labels = _labels(metadata, run, parent, scope)
+    if named.path:
+        labels["agent_path"] = PATH_SEPARATOR.join(named.path)
     return Attribution(
-        episode=scope.episode if scope is not None else None,
-        agent=scope.handler.agent_for(metadata) if scope is not None else node_agent(metadata),
-        labels=_labels(metadata, run, parent, scope),
+        episode=scope.episode if scope is not None else None, agent=named.agent, labels=labels
     )
 
 

@@ -25,8 +25,9 @@ from langchain_core.outputs import LLMResult
 
 import tito_agents as tito
 from tito_agents_langchain import _attribution
+from tito_agents_langchain._agents import TASK_TAG, agent_path, graph_namespace
 from tito_agents_langchain._messages import attach, calls_of_run, episode_ids_in, response_id_of
-from tito_agents_langchain._scopes import RootScope, RunScopes, WarnOnce, add_live
+from tito_agents_langchain._scopes import AgentOfCall, RootScope, RunScopes, WarnOnce, add_live
 
 logger = logging.getLogger("tito_agents.langchain")
 
@@ -48,8 +49,11 @@ class TitoCallbackHandler(RunScopes):
     reward_fn: computes the episode reward from the root run's outputs when it ends.
     await_reward: hold each ended episode until `set_reward(...)` (or `finish_pending()`) instead
         of writing its samples when its root run ends: for rewards computed after the graph returns.
-    agent_from: the agent label of a call from its runnable metadata; by default the LangGraph
-        node (`langgraph_node`), so a multi-node graph yields per-node trajectories.
+    agent_from: overrides the agent label of a call, from its runnable metadata. By default the
+        agent is the one that made the call (`create_agent` / `create_react_agent` name, the
+        subgraph node running it, or the node of a plain graph; see `agent_path`), so supervisor,
+        swarm and team graphs yield one trajectory per agent. Either way each call's labels carry
+        `agent_path`, the chain of agents around it joined by ">" (`research_team>math_expert`).
     attach_ids: put `{"episode_id", "call_id"}` into each returned `AIMessage`'s
         `response_metadata["tito"]`; `attach_token_ids` adds `prompt_token_ids` and `token_ids`.
 
@@ -67,7 +71,7 @@ class TitoCallbackHandler(RunScopes):
         reward_fn: RewardFn | None = None,
         *,
         await_reward: bool = False,
-        agent_from: AgentFn = _attribution.node_agent,
+        agent_from: AgentFn | None = None,
         attach_ids: bool = True,
         attach_token_ids: bool = False,
     ) -> None:
@@ -96,8 +100,11 @@ class TitoCallbackHandler(RunScopes):
         root = self._root_of.get(run_id)
         return self._scopes.get(root) if root is not None else None
 
-    def agent_for(self, metadata: Mapping[str, Any]) -> str | None:
-        return self.agent_from(metadata)
+    def agent_for(self, metadata: Mapping[str, Any], scope: RootScope) -> AgentOfCall:
+        path = agent_path(metadata, scope.graph_agents)
+        if self.agent_from is not None:
+            return AgentOfCall(self.agent_from(metadata), path)
+        return AgentOfCall(path[-1] if path else None, path)
 
     # ---- rewards and results ----
 
@@ -160,12 +167,21 @@ class TitoCallbackHandler(RunScopes):
 
     # ---- run tree ----
 
-    def _start(self, run_id: UUID, parent_run_id: UUID | None, metadata: Any) -> None:
+    def _start(
+        self,
+        run_id: UUID,
+        parent_run_id: UUID | None,
+        metadata: Any,
+        tags: Sequence[str] | None = None,
+    ) -> None:
         with self._lock:
             root = self._root_of.get(parent_run_id) if parent_run_id is not None else None
             if root is not None:
                 self._root_of[run_id] = root
-                self._scopes[root].runs.append(run_id)
+                scope = self._scopes[root]
+                scope.runs.append(run_id)
+                if tags and isinstance(metadata, Mapping):
+                    _record_graph_agent(scope, metadata, tags)
                 return
             self._scopes[run_id] = self._open(
                 run_id, metadata if isinstance(metadata, Mapping) else {}
@@ -260,7 +276,7 @@ class TitoCallbackHandler(RunScopes):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._start(run_id, parent_run_id, metadata)
+        self._start(run_id, parent_run_id, metadata, tags)
 
     def on_chat_model_start(
         self,
@@ -343,6 +359,16 @@ class TitoCallbackHandler(RunScopes):
 
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id, None, error)
+
+
+def _record_graph_agent(scope: RootScope, metadata: Mapping[str, Any], tags: Sequence[str]) -> None:
+    """Note the agent name of the graph a task run belongs to (first task seen wins)."""
+    if not any(tag.startswith(TASK_TAG) for tag in tags):
+        return
+    graph_ns = graph_namespace(metadata)
+    if graph_ns is not None and graph_ns not in scope.graph_agents:
+        name = metadata.get("lc_agent_name")
+        scope.graph_agents[graph_ns] = name if isinstance(name, str) and name else None
 
 
 def _text(value: Any) -> str | None:

@@ -106,6 +106,14 @@ class ModelRunMarker(BaseCallbackHandler):
         self.live_runs.discard(run_id)
 
 
+@dataclass(frozen=True, slots=True)
+class AgentOfCall:
+    """The agent label of a call and the chain of agents around it, outermost first."""
+
+    agent: str | None
+    path: tuple[str, ...]
+
+
 @dataclass(slots=True, eq=False)
 class RootScope:
     """One root run and its episode. `owned`: the handler opened the episode and ends it; False
@@ -116,6 +124,9 @@ class RootScope:
     owned: bool
     handler: RunScopes
     runs: list[UUID] = field(default_factory=list)
+    graph_agents: dict[str, str | None] = field(default_factory=dict)
+    """The `lc_agent_name` of each graph run under this root, by checkpoint namespace (first seen
+    wins; None for an unnamed graph): names the outer agents of a call (`_agents.agent_path`)."""
 
 
 class RunScopes(BaseCallbackHandler):
@@ -127,8 +138,9 @@ class RunScopes(BaseCallbackHandler):
         """The root scope of `run_id`, or None if this callback never saw that run start."""
         raise NotImplementedError
 
-    def agent_for(self, metadata: Mapping[str, Any]) -> str | None:
-        """The agent label of a request made under runnable metadata `metadata`."""
+    def agent_for(self, metadata: Mapping[str, Any], scope: RootScope) -> AgentOfCall:
+        """The agent of a request made under runnable metadata `metadata` in `scope`, and the
+        chain of agents around it."""
         raise NotImplementedError
 
 

@@ -27,7 +27,8 @@ This package's `__all__` is its whole public surface. Its modules are private (l
 and may change: `_core` (config, faults, `FakeVLLM.handle`), `_server` (HTTP), `_mock` (in-process
 transport), `_engine` with `_chat` and `_completions` (the endpoints), `_requests` (request
 validation), `_wire` (vLLM's JSON and SSE shapes), `_model`, `_responder`, `_codec`, `_logprobs`,
-`_tools` and `_hash` (what the fake model says, and how it is tokenized and scored).
+`_tools`, `_handoffs` and `_hash` (what the fake model says, and how it is tokenized and scored;
+`handoff_responder` plays the agents of supervisor, swarm and triage graphs).
 
 Run standalone (serves until killed): `python -m tito_agents.testing.fake_vllm --port 8765`.
 """
@@ -48,6 +49,7 @@ from tito_agents.testing.fake_vllm._core import (
     Faults,
     StreamCut,
 )
+from tito_agents.testing.fake_vllm._handoffs import handoff_responder
 from tito_agents.testing.fake_vllm._mock import Handler, mock_transport
 from tito_agents.testing.fake_vllm._model import RequestView, Responder, Tokenization
 from tito_agents.testing.fake_vllm._responder import default_responder, hermes_tool_call
@@ -68,6 +70,7 @@ __all__ = [
     "StreamCut",
     "Tokenization",
     "default_responder",
+    "handoff_responder",
     "hermes_tool_call",
     "main",
     "mock_transport",

@@ -159,3 +159,5 @@ def serve_cli(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if process.stderr is not None:
+            process.stderr.close()

@@ -18,6 +18,8 @@ Environment:
     TITO_VLLM_PORT   port on 127.0.0.1 (default 8765)
     TITO_VLLM_OMP_THREADS  OpenMP threads of the vLLM worker (default 1, see OMP_THREADS)
     TITO_VLLM_EXTRA_ARGS   extra arguments appended to the vLLM command line (shell syntax)
+    TITO_VLLM_MODEL_DIR    serve this Hugging Face folder instead of the converted SmolLM2 (e.g.
+                           weights updated by an RL step; same tokenizer and served name)
 
 Importable by file path (it is not part of a package)::
 
@@ -124,6 +126,12 @@ def venv_python() -> Path:
 
 def model_dir() -> Path:
     return cache_dir() / "models" / SERVED_MODEL_NAME
+
+
+def served_model_dir() -> Path:
+    """The weights folder vLLM serves: ``TITO_VLLM_MODEL_DIR`` if set, else the converted model."""
+    override = os.environ.get("TITO_VLLM_MODEL_DIR")
+    return Path(override).expanduser().resolve() if override else model_dir()
 
 
 def logs_dir() -> Path:
@@ -534,7 +542,7 @@ def server_command(port_: int) -> list[str]:
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(model_dir()),
+        str(served_model_dir()),
         "--served-model-name",
         SERVED_MODEL_NAME,
         "--host",

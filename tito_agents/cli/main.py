@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from tito_agents.cli import audit, drift, serve, show, stats
+from tito_agents.cli import audit, compare, drift, serve, show, stats
 from tito_agents.cli._errors import EXIT_BAD_INPUT, CliInputError
 from tito_agents.errors import TitoError
 
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show tracebacks instead of one-line errors"
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (audit, drift, serve, show, stats):
+    for module in (audit, compare, drift, serve, show, stats):
         module.add_parser(subparsers)
     return parser
 

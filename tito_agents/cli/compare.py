@@ -1,0 +1,64 @@
+"""`tito-agents compare`: the trainer-view comparison (tito samples vs a text pipeline) as a table,
+or as an HTML page with the histogram of log ratios of both pipelines.
+
+Reads the JSON that `examples/rl_step.py` (`make rl-step`) or `Comparison.to_dict()` writes; the
+scoring itself needs torch and the model (`tito_agents.trainer_check`), the plot does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tito_agents.cli._errors import EXIT_OK, CliInputError
+from tito_agents.trainer_check.plot import render_html
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="plot a trainer-view comparison (log ratios: tito samples vs a text pipeline)",
+        description="Show or plot the comparison JSON written by `make rl-step` "
+        "(examples/rl_step.py) or by tito_agents.trainer_check.Comparison.to_dict().",
+    )
+    parser.add_argument("comparison", help="the comparison JSON file")
+    parser.add_argument("--html", metavar="FILE", help="write the plot and table to this HTML file")
+    parser.set_defaults(handler=run)
+
+
+def _load(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CliInputError(path, f"not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(data, dict) or "tito" not in data:
+        raise CliInputError(path, "not a trainer-view comparison (no 'tito' figures)")
+    return data
+
+
+def _line(name: str, figures: dict[str, Any]) -> str:
+    free = figures["free"]
+    return (
+        f"{name:24} free: mean |log ratio| {free['mean_abs']:.4f}  max {free['max_abs']:.3f}  "
+        f"outside clip {free['outside_clip']}/{free['tokens']}   "
+        f"≠ sampled id {figures['differing']}/{figures['trained_tokens']}"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    data = _load(args.comparison)
+    if args.html:
+        Path(args.html).write_text(render_html(data), encoding="utf-8")
+        sys.stdout.write(f"wrote {args.html}\n")
+        return EXIT_OK
+    for dtype, layouts in data["tito"].items():
+        for layout, figures in layouts.items():
+            sys.stdout.write(_line(f"tito {dtype} {layout}", figures) + "\n")
+    for dtype, figures in data.get("text", {}).items():
+        sys.stdout.write(_line(f"text pipeline {dtype}", figures) + "\n")
+    return EXIT_OK

@@ -1,0 +1,44 @@
+"""The trainer's view of captured samples: importance ratios, a text-pipeline baseline, one step.
+
+Loads the weights the CPU vLLM serves into transformers (fp32 or bf16), feeds it every converter
+layout the way its trainer does (`layouts`), and reports how far the trainer's logprobs are from
+the rollout logprobs on every trained token (`stats.RatioStats`), beside the same episodes rebuilt
+as a text-based collector would (`text_pipeline`). `step.grpo_step` runs one clipped-surrogate GRPO
+step on the packed converter output and `step.save_policy` writes the weights for vLLM.
+
+Needs torch and transformers (`pip install 'tito-agents[trainer-check]'`), imported on first use.
+See docs/trainer-check.md.
+"""
+
+from __future__ import annotations
+
+from tito_agents.trainer_check.compare import (
+    Comparison,
+    PipelineFigures,
+    compare,
+    constrained_calls,
+    constrained_mask,
+)
+from tito_agents.trainer_check.layouts import LAYOUTS, TokenScores, score_layout
+from tito_agents.trainer_check.model import load_policy, load_tokenizer, next_token_logprobs
+from tito_agents.trainer_check.stats import CLIP, RatioStats
+from tito_agents.trainer_check.step import StepResult, grpo_step, save_policy
+
+__all__ = [
+    "CLIP",
+    "LAYOUTS",
+    "Comparison",
+    "PipelineFigures",
+    "RatioStats",
+    "StepResult",
+    "TokenScores",
+    "compare",
+    "constrained_calls",
+    "constrained_mask",
+    "grpo_step",
+    "load_policy",
+    "load_tokenizer",
+    "next_token_logprobs",
+    "save_policy",
+    "score_layout",
+]

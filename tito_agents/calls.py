@@ -37,6 +37,8 @@ class Endpoint(enum.Enum):
 
     CHAT = "chat"
     COMPLETIONS = "completions"
+    RESPONSES = "responses"
+    """The Responses API (`POST /v1/responses`): one call per response (choice index 0)."""
 
 
 class SessionNote(enum.StrEnum):
@@ -102,6 +104,13 @@ class Call:
     """Why a session call fell back to server rendering (or was bridged)."""
     session_ms: float | None = None
     """Latency the session added before sending (the /tokenize round trips and bookkeeping)."""
+    tool_calls: list[dict[str, Any]] | None = None
+    """Responses API: the function calls the response made, one dict per `function_call` output
+    item (`call_id`, `name`, `arguments` as the JSON text the model wrote, `id`); None when it made
+    none (and for chat and completions calls, whose tool calls stay in their messages)."""
+    reasoning: list[str] | None = None
+    """Responses API: the text of each `reasoning` output item (reasoning-parser servers); None
+    when the response had none."""
 
     @property
     def num_sampled(self) -> int:

@@ -54,6 +54,8 @@ def parse_sse(raw: bytes) -> list[Any]:
     for block in raw.decode("utf-8").split("\n\n"):
         if not block.strip():
             continue
+        if block.startswith("event: "):  # the Responses API names each event; its data has `type`
+            block = block.split("\n", 1)[1]
         assert block.startswith("data: "), block[:80]
         payload = block[len("data: ") :]
         events.append(payload if payload == DONE else json.loads(payload))

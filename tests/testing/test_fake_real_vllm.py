@@ -20,6 +20,8 @@ from tito_agents.testing.smollm2 import MODEL_NAME
 
 REAL_VLLM = REPO_ROOT / "tests" / "data" / "real_vllm"
 NAMES = sorted(p.stem for p in REAL_VLLM.glob("*.txt"))
+ERRORS = {n for n in NAMES if n.startswith("responses_err") or n == "responses_previous_id"}
+"""Captures of vLLM's error answers: the fake answers the same status and body."""
 SAME_BODY = {"tokenize_chat", "tokenize_prompt", "multi_turn_tool_tokenize", "detokenize"}
 
 
@@ -33,6 +35,9 @@ def prompt_ids(capture_path: str, response: Any) -> list[int] | None:
     """The prompt ids of a body or of the first chunk that has them (chat: top level;
     completions: per choice)."""
     items = response if isinstance(response, list) else [response]
+    if capture_path.endswith("/responses"):  # the body, or the stream's final event
+        final = [i["response"] for i in items if i.get("type") == "response.completed"]
+        return list((final or items)[0]["input_messages"][0]["tokens"])
     for item in items:
         if item == DONE or not item.get("choices"):
             continue
@@ -53,9 +58,15 @@ def test_every_real_capture_is_compared() -> None:
     assert set(NAMES) >= SAME_BODY and "models" in NAMES
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in SAME_BODY | {"models"}])
+NO_IDS = {"models", "responses_ns_plain"}
+"""Captures without prompt ids (`responses_ns_plain`: a Responses request without
+enable_response_messages; its shape is compared in test_fake_responses)."""
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in SAME_BODY | ERRORS | NO_IDS])
 def test_the_prompt_renders_to_the_real_ids(real_like: FakeVLLM, name: str) -> None:
-    """Chat with and without tools, a tool-result turn, token prompts, completions on ids: the
+    """Chat with and without tools, a tool-result turn, token prompts, completions on ids,
+    Responses requests (instructions, function tools, function_call items and outputs): the
     fake's prompt ids are the real server's."""
     capture = load_capture(REAL_VLLM / f"{name}.txt")
     want = prompt_ids(capture.path, capture.events() if capture.is_stream else capture.json())
@@ -63,7 +74,7 @@ def test_the_prompt_renders_to_the_real_ids(real_like: FakeVLLM, name: str) -> N
     assert prompt_ids(capture.path, replay(real_like, capture)) == want
 
 
-@pytest.mark.parametrize("name", sorted(SAME_BODY))
+@pytest.mark.parametrize("name", sorted(SAME_BODY | ERRORS))
 def test_tokenize_and_detokenize_answer_the_real_body(real_like: FakeVLLM, name: str) -> None:
     capture = load_capture(REAL_VLLM / f"{name}.txt")
     assert replay(real_like, capture) == capture.json()

@@ -33,6 +33,11 @@ from tito_agents.sessions import SessionDecision, Turn
 
 logger = logging.getLogger("tito_agents")
 
+_RESPONSES_NO_SESSION = (
+    "token-in sessions cover chat completions only; the Responses API call was rendered by the "
+    "server (its prompt ids are still the server's own)"
+)
+
 if TYPE_CHECKING:
     from tito_agents.episodes import Episode, EpisodeProcessor
 
@@ -117,6 +122,8 @@ class CaptureCore:
                     str(info.payload.get("model"))
                 )
             pending.plan = sessions.plan(session, info.payload)
+        elif wants_session and info.endpoint is Endpoint.RESPONSES:
+            pending.session_fallback = _RESPONSES_NO_SESSION
         self.stats.requests += 1
         return new_body, pending
 
@@ -240,10 +247,15 @@ class CaptureCore:
                     policy_version=pending.policy_version,
                     messages=info.messages,
                     tools=info.tools,
+                    tool_calls=choice.tool_calls,
+                    reasoning=choice.reasoning,
                 )
             )
         if pending.session is not None:
             self._update_session(pending, calls, choices)
+        elif pending.session_fallback is not None:
+            for call in calls:
+                call.session, call.session_reason = SessionNote.FALLBACK, pending.session_fallback
         added = episode._add_calls(calls)
         self.processor.on_calls(episode, calls, added)
         raise_now = self.settings.error_policy is ErrorPolicy.RAISE and incomplete is None

@@ -33,5 +33,7 @@ class PendingCall:
     plan: Plan | None = None
     """Token-in session mode: the request plan the transport drives before sending."""
     decision: SessionDecision | None = None
+    session_fallback: str | None = None
+    """Why a call of a session episode is not planned as a session turn (Responses API)."""
     session_ms: float | None = None
     """Time the session plan took before the request was sent (/tokenize round trips included)."""

@@ -141,6 +141,8 @@ class StreamTee:
             except orjson.JSONDecodeError as exc:
                 raise MalformedResponseError(f"SSE event is not valid JSON: {exc}") from exc
             feed_event(event)
+        if self._parser.done:  # a Responses stream ends with its final event, without [DONE]
+            self._done = True
 
     def _fail(self, error: CaptureError) -> None:
         self._error = error
@@ -162,7 +164,7 @@ class StreamTee:
             self._fail(exc)
             return
         if not self._done:
-            self.close(reason="the stream ended without [DONE]")
+            self.close(reason="the stream ended without its final event ([DONE], response.completed)")
             return
         self._complete()
 

@@ -36,6 +36,9 @@ _SAMPLING_KEYS = (
     "guided_regex",
     "guided_choice",
     "guided_grammar",
+    "max_output_tokens",
+    "text",
+    "reasoning",
 )
 _SAMPLING_SET = frozenset(_SAMPLING_KEYS)
 
@@ -68,6 +71,8 @@ class RequestInfo:
     """Capture added `return_token_ids` (the caller did not ask for ids)."""
     added_logprobs: bool = False
     """Capture added `logprobs` (the caller did not ask for them)."""
+    added_top_logprobs: bool = False
+    """Responses API: capture added `top_logprobs: 0` (with its `include` entry)."""
 
 
 def endpoint_for_path(path: str) -> Endpoint | None:
@@ -77,6 +82,8 @@ def endpoint_for_path(path: str) -> Endpoint | None:
         return Endpoint.CHAT
     if path.endswith("/completions"):
         return Endpoint.COMPLETIONS
+    if path.endswith("/responses"):
+        return Endpoint.RESPONSES
     return None
 
 
@@ -95,6 +102,8 @@ def prepare_request(
         return None
     if not isinstance(payload, dict):
         return None
+    if endpoint is Endpoint.RESPONSES:
+        return _prepare_responses(payload, capture_logprobs=capture_logprobs)
     added_ids = added_logprobs = False
     if "return_token_ids" not in payload:
         payload["return_token_ids"] = True
@@ -123,6 +132,58 @@ def prepare_request(
         payload=payload,
         added_ids=added_ids,
         added_logprobs=added_logprobs,
+    )
+    changed = added_ids or added_logprobs
+    return (orjson.dumps(payload) if changed else None), info
+
+
+# --------------------------------------------------------------------------------------------------
+# Responses API
+#
+# vLLM's `/v1/responses` has no `return_token_ids`; `enable_response_messages: true` (a vLLM
+# extension, 0.32 for every model and in streams) adds `input_messages[].tokens` (the rendered
+# prompt ids) and `output_messages[].tokens` (the sampled ids). Rollout logprobs come per output
+# text token with `include: ["message.output_text.logprobs"]` and `top_logprobs: 0`.
+
+RESPONSES_LOGPROBS = "message.output_text.logprobs"
+"""The `include` entry that asks the Responses API for the logprobs of the output text."""
+
+
+def _prepare_responses(
+    payload: dict[str, Any], *, capture_logprobs: bool
+) -> tuple[bytes | None, RequestInfo] | None:
+    """`prepare_request` for a Responses body: ids through `enable_response_messages`, logprobs
+    through `include` + `top_logprobs`; what the caller set is kept (an explicit
+    `enable_response_messages: false` means the call is not captured)."""
+    added_ids = added_logprobs = False
+    if "enable_response_messages" not in payload:
+        payload["enable_response_messages"] = True
+        added_ids = True
+    elif payload["enable_response_messages"] is not True:
+        return None
+    include = payload.get("include")
+    asked = type(include) is list and RESPONSES_LOGPROBS in include
+    if capture_logprobs and not asked and (include is None or type(include) is list):
+        payload["include"] = [*(include or ()), RESPONSES_LOGPROBS]
+        added_top = payload.get("top_logprobs") is None
+        if added_top:
+            payload["top_logprobs"] = 0
+        added_logprobs = asked = True
+    else:
+        added_top = False
+    tools = payload.get("tools")
+    info = RequestInfo(
+        endpoint=Endpoint.RESPONSES,
+        stream=bool(payload.get("stream")),
+        n=1,
+        sampling={k: v for k, v in payload.items() if k in _SAMPLING_SET},
+        wants_logprobs=asked,
+        messages=None,
+        tools=tools if type(tools) is list else None,
+        payload=payload,
+        added_ids=added_ids,
+        added_logprobs=added_logprobs,
+        added_top_logprobs=added_top,
     )
     changed = added_ids or added_logprobs
     return (orjson.dumps(payload) if changed else None), info

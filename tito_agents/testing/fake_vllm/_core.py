@@ -26,6 +26,7 @@ from tito_agents.testing.fake_vllm._engine import Engine, EngineSettings, Reply,
 from tito_agents.testing.fake_vllm._model import FakeModel, Responder, Tokenization
 from tito_agents.testing.fake_vllm._requests import FakeHTTPError, parse_json_object
 from tito_agents.testing.fake_vllm._responder import default_responder
+from tito_agents.testing.fake_vllm._responses import responses
 from tito_agents.testing.smollm2 import EOS_ID, MODEL_NAME, load_tokenizer
 
 __all__ = [
@@ -308,6 +309,10 @@ class FakeVLLM:
                 "POST",
                 lambda: completions(engine, parse_json_object(body), faults.wire()),
             ),
+            "/v1/responses": (
+                "POST",
+                lambda: responses(engine, parse_json_object(body), faults.wire()),
+            ),
             "/tokenize": ("POST", lambda: engine.tokenize(parse_json_object(body))),
             "/detokenize": ("POST", lambda: engine.detokenize(parse_json_object(body))),
             "/health": ("GET", lambda: Reply(body=None)),
@@ -355,7 +360,10 @@ class FakeVLLM:
                 body = body[: len(body) // 2]
             headers = [("content-type", "application/json")] if body else []
             return FakeResponse(reply.status, headers + list(reply.headers), body=body)
-        events = [wire.sse(e) if isinstance(e, dict) else wire.DONE for e in reply.events]
+        if reply.named_events:  # Responses API: `event: <type>` before each `data:` line
+            events = [wire.sse_named(e) for e in reply.events]
+        else:
+            events = [wire.sse(e) if isinstance(e, dict) else wire.DONE for e in reply.events]
         events = _malform(events, faults)
         stream = _paced(events, max(faults.token_latency_ms, 0.0) / 1000, faults.cut_stream_after)
         headers = [("content-type", "text/event-stream; charset=utf-8")]
@@ -368,13 +376,14 @@ def _malform(events: list[bytes], faults: Faults) -> list[bytes]:
         return events
     events = list(events)
     target = 1 if len(events) > 2 else 0
-    payload = events[target].removeprefix(b"data: ").removesuffix(b"\n\n")
+    name, _, payload = events[target].partition(b"data: ")  # name: a Responses `event:` line
+    payload = payload.removesuffix(b"\n\n")
     if faults.malformed_json:
         payload = payload[: max(len(payload) // 2, 1)]
     if faults.malformed_sse:
-        events[target] = b"data " + payload + b"\n"
+        events[target] = name + b"data " + payload + b"\n"
     else:
-        events[target] = b"data: " + payload + b"\n\n"
+        events[target] = name + b"data: " + payload + b"\n\n"
     return events
 
 

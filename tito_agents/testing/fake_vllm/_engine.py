@@ -74,6 +74,8 @@ class Reply:
     body: Any = None
     events: list[StreamEvent] | None = None
     headers: tuple[tuple[str, str], ...] = ()
+    named_events: bool = False
+    """Each event goes out with an `event: <type>` line (the Responses API stream)."""
 
 
 @dataclass(frozen=True)

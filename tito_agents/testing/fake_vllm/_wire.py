@@ -46,6 +46,12 @@ def sse(event: Any) -> bytes:
     return b"data: " + orjson.dumps(event) + b"\n\n"
 
 
+def sse_named(event: Any) -> bytes:
+    """One Responses API SSE event: `event: <type>`, `data: <json>` and a blank line."""
+    name = str(event["type"]).encode()
+    return b"event: " + name + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
 def error_body(message: str, err_type: str, param: str | None, code: int) -> bytes:
     return dumps({"error": {"message": message, "type": err_type, "param": param, "code": code}})
 

@@ -3,8 +3,14 @@
     python examples/quickstart.py --base-url http://127.0.0.1:8765/v1 --episodes 8 --out samples.jsonl
 
 The agent is plain openai code. tito-agents adds two lines: `collector.wrap(client)` and the
-`async with collector.episode(...)` around each rollout. At the end the script prints a summary and
-checks how many calls would have drifted had their sampled text been re-tokenized.
+`async with collector.episode(...)` around each rollout. At the end the script prints a summary,
+checks how many calls would have drifted had their sampled text been re-tokenized, and re-scores
+every trained token on the server to show the samples' policy logprobs are what a trainer gets.
+
+The first call of each episode forces a tool call (`tool_choice="required"`): vLLM samples it
+through a grammar mask, and its logprobs are those of the masked distribution. The collector is
+asked to re-score such calls (`rescore_constrained=True`), so `Sample.policy_logprobs` holds the
+policy's own logprobs there; the summary prints how far apart the two are.
 """
 
 from __future__ import annotations
@@ -120,6 +126,42 @@ async def count_drift(base_url: str, samples: list[tito.Sample]) -> tuple[int, i
     return drifted, sum(len(s.spans) for s in samples)
 
 
+async def score_trained(base_url: str, model: str, samples: list[tito.Sample]) -> list[float]:
+    """|stored - re-scored| on every trained token: each sample's ids re-scored by the server
+    (`/v1/completions`, token prompt, `prompt_logprobs=0`), an independent check of the logprobs a
+    trainer would take as the old policy's (`Sample.ratio_logprobs`)."""
+    gaps: list[float] = []
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=600) as http:
+        for sample in samples:
+            stored = sample.ratio_logprobs()
+            if stored is None:
+                continue
+            body = {
+                "model": model,
+                "prompt": sample.token_ids.tolist(),
+                "max_tokens": 1,
+                "prompt_logprobs": 0,
+            }
+            entries = (await http.post("/completions", json=body)).json()["choices"][0][
+                "prompt_logprobs"
+            ]
+            for i in sample.loss_mask.nonzero()[0].tolist():
+                token = str(int(sample.token_ids[i]))
+                gaps.append(abs(float(stored[i]) - entries[i][token]["logprob"]))
+    return gaps
+
+
+def constrained_gaps(samples: list[tito.Sample]) -> list[float]:
+    """|rollout - policy| logprob on trained tokens sampled under a constraint."""
+    gaps: list[float] = []
+    for sample in samples:
+        if sample.logprobs is None or sample.policy_logprobs is None:
+            continue
+        mask = sample.constrained_mask().astype(bool)
+        gaps.extend(abs(sample.logprobs[mask] - sample.policy_logprobs[mask]).tolist())
+    return gaps
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8765/v1")
@@ -132,7 +174,7 @@ async def main() -> int:
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key="EMPTY", timeout=600)
     model = args.model or (await client.models.list()).data[0].id
     args.out.unlink(missing_ok=True)
-    collector = tito.Collector(args.out, capture_logprobs=True)
+    collector = tito.Collector(args.out, capture_logprobs=True, rescore_constrained=True)
     collector.wrap(client)  # <- tito-agents, line 1
 
     cities = list(WEATHER)
@@ -176,6 +218,24 @@ async def main() -> int:
         f"drift           {drifted} of {calls} calls would have come back with other token ids "
         "had their text been re-tokenized"
     )
+    constrained = sum(int(s.constrained_mask().sum()) for s in samples)
+    gaps = constrained_gaps(samples)
+    gap_text = (
+        f"mean |rollout - policy| logprob {sum(gaps) / len(gaps):.3f} nats (max {max(gaps):.2f})"
+        if gaps
+        else "none re-scored"
+    )
+    print(
+        f"constrained     {constrained} trained tokens sampled under a constraint "
+        f"({stats.constrained_calls} calls, {stats.rescored_calls} re-scored); {gap_text}"
+    )
+    checked = await score_trained(args.base_url, model, samples)
+    if checked:
+        print(
+            f"policy check    {len(checked)} trained tokens re-scored by the server: "
+            f"mean |stored - re-scored| {sum(checked) / len(checked):.4f}, "
+            f"max {max(checked):.3f} (the logprobs a trainer takes as the old policy's)"
+        )
     await client.close()
     return 0 if samples else 1
 

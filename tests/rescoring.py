@@ -57,11 +57,18 @@ def constrained(call: tito.Call) -> bool:
 
 
 def rescore_sample(
-    base_url: str, model: str, sample: tito.Sample, skip_calls: set[str] | None = None
+    base_url: str,
+    model: str,
+    sample: tito.Sample,
+    skip_calls: set[str] | None = None,
+    *,
+    policy: bool = False,
 ) -> Rescore:
-    """Compare a sample's rollout logprobs with the server's re-scoring on its trained tokens
-    (leaving out the spans of `skip_calls`, e.g. grammar-constrained calls)."""
-    assert sample.logprobs is not None, "sample has no rollout logprobs"
+    """Compare a sample's rollout logprobs (with `policy`, the logprobs a trainer takes as the old
+    policy's, `Sample.ratio_logprobs`) with the server's re-scoring on its trained tokens (leaving
+    out the spans of `skip_calls`, e.g. grammar-constrained calls)."""
+    stored = sample.ratio_logprobs() if policy else sample.logprobs
+    assert stored is not None, "sample has no rollout logprobs"
     again = rescored_logprobs(base_url, model, sample.token_ids.tolist())
     trained = sample.loss_mask.astype(bool)
     for span in sample.spans:
@@ -69,5 +76,5 @@ def rescore_sample(
             trained[span.start : span.end] = False
     if not trained.any():
         return Rescore(0.0, 0.0, 0)
-    diff = np.abs(again[trained] - sample.logprobs[trained].astype(np.float64))
+    diff = np.abs(again[trained] - stored[trained].astype(np.float64))
     return Rescore(float(diff.mean()), float(diff.max()), int(trained.sum()))

@@ -18,6 +18,8 @@ CORE_MODULES = frozenset(
         "test_capture_faults",
         "test_cli_stats",
         "test_collector",
+        "test_constrained_samples",
+        "test_constraints",
         "test_convert_advantages",
         "test_convert_samples",
         "test_convert_trl",

@@ -10,7 +10,7 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
 
-.PHONY: demo test test-core test-fast e2e bench lint typecheck vllm vllm-stop dev clean sysdeps
+.PHONY: demo rl-step wheels test test-core test-fast e2e bench lint typecheck vllm vllm-stop dev clean sysdeps
 
 # Real services the tests drive: Redis (sinks) and Chromium (the HTML sample inspector).
 SYSDEPS := redis-server:redis-server chromium:chromium
@@ -41,7 +41,8 @@ $(STAMP): pyproject.toml $(foreach p,$(INTEGRATIONS),$(p)/pyproject.toml)
 # Unit and fake-server tests, then the end-to-end tier against a real CPU vLLM (started and
 # stopped by the tests themselves; the first run installs it, several minutes).
 test: $(STAMP) sysdeps lint typecheck test-core
-	$(PY) -m pytest -m "not e2e"
+	$(PY) -m pytest -m "not e2e and not install"
+	$(PY) -m pytest -m install
 	$(PY) -m pytest -m e2e
 
 # The slim core stays slim: `pip install .` alone (no extras) plus the test tools, then the test
@@ -54,7 +55,7 @@ test-core:
 	$(CORE_VENV)/bin/python -m pytest -p no:cacheprovider --core-only tests/unit
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not e2e"
+	$(PY) -m pytest -m "not e2e and not install"
 
 e2e: $(STAMP)
 	$(PY) -m pytest -m e2e
@@ -67,11 +68,25 @@ demo: $(STAMP)
 	$(PY) examples/quickstart.py --base-url http://127.0.0.1:$(TITO_VLLM_PORT)/v1 \
 	    --episodes 6 --concurrency 3 --out out/demo-samples.jsonl
 
+# One RL iteration: collect -> convert -> score as the trainer (tito vs a text pipeline) -> GRPO
+# step -> serve the new weights (own vLLM on port 8776) -> collect with the new policy_version.
+rl-step: $(STAMP)
+	@if $(PYTHON) scripts/vllm_server.py status >/dev/null 2>&1; then started=0; else started=1; fi; \
+	trap '[ $$started = 1 ] && $(PYTHON) scripts/vllm_server.py stop' EXIT; \
+	$(PYTHON) scripts/vllm_server.py start && \
+	$(PY) examples/rl_step.py --base-url http://127.0.0.1:$(TITO_VLLM_PORT)/v1 --out out/rl-step && \
+	$(PY) -m tito_agents.cli compare out/rl-step/comparison.json --html out/rl-step/comparison.html
+
 vllm:
 	$(PYTHON) scripts/vllm_server.py start
 
 vllm-stop:
 	$(PYTHON) scripts/vllm_server.py stop
+
+# The wheels of tito-agents and its integrations in dist/: `pip install --find-links dist
+# "tito-agents[langchain]"` resolves the extras from there (they are not on any package index).
+wheels:
+	$(PYTHON) scripts/wheelhouse.py --out dist
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -40,10 +41,10 @@ from tito_agents.trainer_check import (
     PipelineFigures,
     compare,
     constrained_calls,
-    constrained_mask,
     grpo_step,
     load_policy,
     load_tokenizer,
+    masked_rollout,
     save_policy,
 )
 
@@ -144,8 +145,15 @@ async def collect(
     """`episodes` rollouts (`episodes / cities` per GRPO group), merged samples kept in memory."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", timeout=900)
     model = (await client.models.list()).data[0].id
+    # Re-score the forced tool calls (their rollout logprobs are the grammar-masked distribution's)
+    # where this version of the collector can.
+    rescore = "rescore_constrained" in inspect.signature(tito.Collector).parameters
     collector = tito.Collector(
-        None, capture_logprobs=True, assembly="merged", policy_version=policy_version
+        None,
+        capture_logprobs=True,
+        assembly="merged",
+        policy_version=policy_version,
+        **({"rescore_constrained": True} if rescore else {}),
     )
     collector.wrap(client)
     names = list(WEATHER)[:cities]
@@ -239,7 +247,7 @@ def run_loop(
     policy = load_policy(model_dir, "fp32")
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     forced = constrained_calls(samples, calls)
-    step = grpo_step(policy, optimizer, samples, [constrained_mask(s, forced) for s in samples])
+    step = grpo_step(policy, optimizer, samples, [masked_rollout(s, forced) for s in samples])
     new_dir = save_policy(policy, load_tokenizer(model_dir), model_dir, out_dir / "policy-1")
     del policy, optimizer
     result.step = step.to_dict() | {"lr": lr, "weights": str(new_dir)}

@@ -18,6 +18,7 @@ from tito_agents.trainer_check.compare import (
     compare,
     constrained_calls,
     constrained_mask,
+    masked_rollout,
 )
 from tito_agents.trainer_check.layouts import LAYOUTS, TokenScores, score_layout
 from tito_agents.trainer_check.model import load_policy, load_tokenizer, next_token_logprobs
@@ -38,6 +39,7 @@ __all__ = [
     "grpo_step",
     "load_policy",
     "load_tokenizer",
+    "masked_rollout",
     "next_token_logprobs",
     "save_policy",
     "score_layout",

@@ -81,6 +81,21 @@ def constrained_mask(sample: Sample, constrained: frozenset[str]) -> npt.NDArray
     return mask
 
 
+def masked_rollout(sample: Sample, constrained: frozenset[str]) -> npt.NDArray[np.bool_]:
+    """Per token of `sample`: its rollout logprob is the grammar-masked distribution's and nothing
+    re-scored it (`CallSpan.logprob_source == "masked"`; for samples without that field, a
+    constrained span of a sample without `policy_logprobs`). No importance ratio can use those."""
+    mask = np.zeros(sample.num_tokens, dtype=bool)
+    has_policy = getattr(sample, "policy_logprobs", None) is not None
+    for span in sample.spans:
+        source = getattr(span, "logprob_source", None)
+        if source == "masked" or (
+            source is None and span.call_id in constrained and not has_policy
+        ):
+            mask[span.start : span.end] = True
+    return mask
+
+
 def engine_ids(sample: Sample, calls: Mapping[str, Call]) -> npt.NDArray[np.int64]:
     """The ids the engine sampled for this sample's calls, in span order (from the kept calls;
     the sample's own trained ids where a call was not kept)."""
@@ -175,6 +190,8 @@ def _layout_figures(
     calls: Mapping[str, Call],
     constrained: frozenset[str],
 ) -> tuple[PipelineFigures, npt.NDArray[np.float64]]:
+    """Free tokens against the rollout logprobs the layout carries; constrained tokens against the
+    engine's (masked) logprobs and, where the samples were re-scored, the policy's."""
     free: list[npt.NDArray[np.float64]] = []
     forced: list[npt.NDArray[np.float64]] = []
     forced_policy: list[npt.NDArray[np.float64]] = []
@@ -184,12 +201,14 @@ def _layout_figures(
         if positions.shape[0] != score.trainer.shape[0]:
             raise AssertionError(f"sample {sample.sample_id}: layout lost trained tokens")
         flags = constrained_mask(sample, constrained)[positions]
-        log_ratio = score.trainer - score.rollout
-        free.append(log_ratio[~flags])
-        forced.append(log_ratio[flags])
-        policy = getattr(sample, "policy_logprobs", None)
-        if policy is not None and flags.any():
-            forced_policy.append(score.trainer[flags] - policy[positions][flags])
+        free.append((score.trainer - score.rollout)[~flags])
+        if flags.any():
+            assert sample.logprobs is not None
+            engine = sample.logprobs[positions].astype(np.float64)
+            forced.append((score.trainer - engine)[flags])
+            policy = getattr(sample, "policy_logprobs", None)
+            if policy is not None:
+                forced_policy.append((score.trainer - policy[positions])[flags])
         expected = engine_ids(sample, calls)
         differing += int(np.count_nonzero(score.ids != expected))
         trained += int(positions.shape[0])
@@ -197,7 +216,7 @@ def _layout_figures(
     return (
         PipelineFigures(
             free=RatioStats.of(free_all),
-            constrained=RatioStats.of(np.concatenate(forced)),
+            constrained=RatioStats.of(np.concatenate(forced) if forced else np.zeros(0)),
             constrained_policy=RatioStats.of(np.concatenate(forced_policy))
             if forced_policy
             else None,

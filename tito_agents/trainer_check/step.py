@@ -6,10 +6,11 @@ minimal form every PPO-style trainer computes, token-mean over the trained token
     ratio_t = exp(logp_new_t - logp_old_t)
     loss    = -mean_t min(ratio_t * A, clip(ratio_t, 1 - eps, 1 + eps) * A)
 
-`logp_old` is the rollout logprob the sample carries (its `policy_logprobs` where a constrained span
-was re-scored). Tokens sampled under a constraint without re-scored logprobs have no usable rollout
-logprob (vLLM returns the grammar-masked distribution's), so they take the trainer's own detached
-value: ratio 1, a plain on-policy gradient. No KL term, no entropy bonus, one optimizer step.
+`logp_old` is the rollout logprob the sample carries (`Sample.ratio_logprobs`: its
+`policy_logprobs` where a constrained span was re-scored). Tokens sampled under a constraint and not
+re-scored have no usable rollout logprob (vLLM returns the grammar-masked distribution's), so they
+take the trainer's own detached value: ratio 1, a plain on-policy gradient. No KL term, no entropy
+bonus, one optimizer step.
 """
 
 from __future__ import annotations
@@ -46,36 +47,35 @@ class StepResult:
         return asdict(self)
 
 
-def old_logprobs(sample: Sample, constrained: np.ndarray) -> np.ndarray:
-    """The rollout logprob of each token for the ratio; NaN where none is usable (a constrained
-    token without a re-scored policy logprob)."""
-    policy = getattr(sample, "policy_logprobs", None)
-    if policy is not None:
-        return np.asarray(policy, dtype=np.float64)
-    if sample.logprobs is None:
+def old_logprobs(sample: Sample, masked: np.ndarray) -> np.ndarray:
+    """The old policy's logprob of each token for the ratio (`Sample.ratio_logprobs`: re-scored
+    policy logprobs where present, else the rollout's); NaN where `masked` (a constrained token
+    whose only logprob is the grammar-masked distribution's)."""
+    ratio = getattr(sample, "ratio_logprobs", None)
+    values = ratio() if callable(ratio) else sample.logprobs
+    if values is None:
         raise ValueError(f"sample {sample.sample_id}: no rollout logprobs")
-    old = sample.logprobs.astype(np.float64)
-    return np.where(constrained, np.nan, old)
+    return np.where(masked, np.nan, values.astype(np.float64))
 
 
 def grpo_step(
     model: Any,
     optimizer: Any,
     samples: Sequence[Sample],
-    constrained: Sequence[np.ndarray],
+    masked: Sequence[np.ndarray],
     *,
     clip: float = CLIP,
 ) -> StepResult:
-    """One clipped-surrogate step on `samples` (fp32 `model` in train mode, any torch optimizer).
+    """One clipped-surrogate step on `samples` (fp32 `model`, any torch optimizer).
 
-    `constrained[b]` marks the tokens of `samples[b]` sampled under a constraint
-    (`compare.constrained_mask`).
+    `masked[b]` marks the tokens of `samples[b]` whose rollout logprobs cannot serve as the old
+    policy's (`compare.masked_rollout`): they take the trainer's own detached value (ratio 1).
     """
     torch = _deps.torch()
     advantages = group_advantages(samples, unit="episode", missing_reward="exclude")
     batch = pack_batch(samples, advantages=advantages)
     targets = batch.shifted()
-    old = np.concatenate([old_logprobs(s, c) for s, c in zip(samples, constrained, strict=True)])
+    old = np.concatenate([old_logprobs(s, m) for s, m in zip(samples, masked, strict=True)])
     # shifted like the targets: position t holds token t + 1's old logprob
     old_shifted = np.full(batch.num_tokens, np.nan)
     old_shifted[:-1] = old[1:]
@@ -111,7 +111,7 @@ def grpo_step(
     model.eval()
     clipped = int(((ratio < 1 - clip) | (ratio > 1 + clip)).sum())
     return StepResult(
-        loss=float(loss),
+        loss=float(loss.detach()),
         tokens=int(keep.sum()),
         clipped=clipped,
         advantages=[float(a) for a in advantages],

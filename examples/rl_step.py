@@ -275,6 +275,16 @@ def run_loop(
             layouts=("pack",),
             text_dtypes=(),
         )
+        # The same samples against the weights before the step: the reload took effect when the
+        # new weights explain them better than the old ones.
+        before = compare(
+            round2.samples,
+            round2.calls,
+            model_dir,
+            dtypes=("fp32",),
+            layouts=("pack",),
+            text_dtypes=(),
+        )
         versions = sorted({str(s.policy_version) for smp in round2.samples for s in smp.spans})
         figures = check.tito["fp32"]["pack"]
         result.round2, result.round2_check = round2, figures
@@ -283,6 +293,7 @@ def run_loop(
             "policy_versions": versions,
             "rewards": round2.rewards,
             "fp32_pack": figures.to_dict(),
+            "fp32_pack_old_weights": before.tito["fp32"]["pack"].to_dict(),
         }
     (out_dir / "comparison.json").write_text(json.dumps(comparison.to_dict()))
     return result
@@ -342,6 +353,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{len(result.round2.samples)} samples, against the updated weights: "
             f"{result.round2_check.free.line()}; {result.round2_check.differing} trained tokens "
             "differ from the sampled ids"
+        )
+        old = comparison.extra["round2"]["fp32_pack_old_weights"]["free"]
+        print(
+            f"  round 2 against the weights before the step: mean |log ratio| "
+            f"{old['mean_abs']:.4f} (the server did serve the new weights when this is larger)"
         )
     print(
         f"  comparison: {args.out / 'comparison.json'} (plot: tito-agents compare "

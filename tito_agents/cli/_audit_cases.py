@@ -24,10 +24,13 @@ __all__ = [
     "TOOL_NAME",
     "USER_TEXT",
     "AuditCase",
+    "Content",
     "Dialect",
     "all_cases",
     "conversation",
     "dialects",
+    "expected_content",
+    "head",
 ]
 
 Message = dict[str, Any]
@@ -145,15 +148,61 @@ def conversation(case: AuditCase, dialect: Dialect) -> tuple[list[Message], list
     For `generation`, earlier ends before the assistant turn (rendered with the generation prompt);
     for `append`, earlier ends with the assistant turn and later adds the appended message.
     """
-    head: list[Message] = []
-    if dialect.system:
-        head.append(_message("system", SYSTEM_TEXT, dialect))
-    head.append(_message("user", USER_TEXT, dialect))
+    start = head(dialect)
     turn = _assistant(case, dialect)
     if case.check == "generation":
-        return head, [*head, turn]
+        return start, [*start, turn]
     assert case.appended is not None
-    return [*head, turn], [*head, turn, _appended(case.appended, dialect)]
+    return [*start, turn], [*start, turn, _appended(case.appended, dialect)]
+
+
+def head(dialect: Dialect) -> list[Message]:
+    """The messages before the assistant turn: an optional system message and the user's question."""
+    messages: list[Message] = []
+    if dialect.system:
+        messages.append(_message("system", SYSTEM_TEXT, dialect))
+    messages.append(_message("user", USER_TEXT, dialect))
+    return messages
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """A piece of a message a case adds, which the rendering that adds it must show.
+
+    `part` is "turn" (the assistant turn) or "appended" (the appended message). It counts as
+    present when it occurs more often in the rendering with the message than in the one without
+    (the tools block, for one, already names the tool)."""
+
+    label: str
+    text: str
+    part: Literal["turn", "appended"]
+
+
+TOOL_RESULT_MARKER = "temp_c"
+"""A part of `TOOL_RESULT` no other message holds (the result may be re-serialized as JSON)."""
+
+
+def expected_content(case: AuditCase, dialect: Dialect, *, reasoning: bool = True) -> list[Content]:
+    """What the case's assistant turn and appended message hold, as the renderings must show it.
+
+    `reasoning=False` leaves reasoning out (a template that never renders `reasoning_content`)."""
+    found: list[Content] = []
+    if case.tool_calls:
+        if dialect.tool_call_content:
+            found.append(Content("assistant text", ASSISTANT_TEXT, "turn"))
+        found.append(Content("tool call name", TOOL_NAME, "turn"))
+        for key, value in TOOL_ARGUMENTS.items():
+            found.append(Content("tool call arguments", key, "turn"))
+            found.append(Content("tool call arguments", value, "turn"))
+    else:
+        found.append(Content("assistant text", FINAL_TEXT, "turn"))
+    if case.reasoning and reasoning:
+        found.append(Content("reasoning", REASONING_TEXT, "turn"))
+    if case.appended == "tool":
+        found.append(Content("tool result", TOOL_RESULT_MARKER, "appended"))
+    elif case.appended is not None:
+        found.append(Content(f"{case.appended} text", APPENDED_TEXT[case.appended], "appended"))
+    return found
 
 
 def _message(role: str, text: str, dialect: Dialect) -> Message:

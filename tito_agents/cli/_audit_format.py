@@ -17,6 +17,17 @@ def format_report(report: AuditReport, paint: Painter, *, verbose: bool = False)
     level = "token level" if report.token_level else "text level (give --tokenizer for tokens)"
     tokenizer = f", tokenizer {report.tokenizer_origin}" if report.tokenizer_origin else ""
     lines = [paint(f"audit-template {report.origin}", "bold") + f"  [{level}{tokenizer}]", ""]
+    if report.missing_tokens:
+        shown = " ".join(report.missing_tokens[:8]) + (
+            " ..." if len(report.missing_tokens) > 8 else ""
+        )
+        lines += [
+            paint("warning: ", "yellow", "bold")
+            + f"the tokenizer splits {len(report.missing_tokens)} marker(s) the template writes "
+            f"into several tokens: {shown}. It is probably not the model's tokenizer: token-level "
+            "failures (token_boundary) may not be real. Give the model's own with --tokenizer.",
+            "",
+        ]
     lines += _grid(report, paint)
     groups = _failure_groups(report.results)
     for n, group in enumerate(groups, start=1):
@@ -32,6 +43,21 @@ def format_report(report: AuditReport, paint: Painter, *, verbose: bool = False)
         lines.extend(_context_lines(first, paint))
         if first.hint is not None:
             lines.append(paint(f"  hint [{first.hint.code}]: ", "cyan") + first.hint.text)
+    drops: dict[tuple[str, ...], list[CaseResult]] = {}
+    for result in report.results:
+        if result.verdict == "drops":
+            drops.setdefault(tuple(result.missing or ()), []).append(result)
+    for missing, group in drops.items():
+        names = ", ".join(r.case.case_id for r in group)
+        lines += [
+            "",
+            paint("drops content: ", "red", "bold")
+            + f"{len(group)} case(s) render without the {', '.join(missing)}",
+            paint(f"  cases: {names}", "grey"),
+        ]
+        hint = group[0].hint
+        if hint is not None:
+            lines.append(paint(f"  hint [{hint.code}]: ", "cyan") + hint.text)
     refusals: dict[str, list[str]] = {}
     for result in report.results:
         if result.verdict == "unsupported":
@@ -39,8 +65,11 @@ def format_report(report: AuditReport, paint: Painter, *, verbose: bool = False)
     for error, refused in refusals.items():
         lines += [
             "",
-            paint("not supported by the template: ", "yellow") + ", ".join(refused),
-            paint(f"  it raised: {error}", "grey"),
+            paint("not applicable: ", "yellow") + ", ".join(refused),
+            paint(
+                f"  {'why' if error.startswith('the template never') else 'it raised'}: {error}",
+                "grey",
+            ),
         ]
     if verbose:
         lines += ["", "dialects used:"]
@@ -49,8 +78,8 @@ def format_report(report: AuditReport, paint: Painter, *, verbose: bool = False)
     verdict = paint("PASS", "green", "bold") if report.passed else paint("FAIL", "red", "bold")
     lines += [
         "",
-        f"{verdict}: {counts['pass']} pass, {counts['fail']} fail, "
-        f"{counts['unsupported']} not supported by the template",
+        f"{verdict}: {counts['pass']} pass, {counts['fail']} fail, {counts['drops']} drop content, "
+        f"{counts['unsupported']} not applicable",
     ]
     return "\n".join(lines)
 
@@ -65,7 +94,12 @@ def _grid(report: AuditReport, paint: Painter) -> list[str]:
         shape, action = result.case.case_id.split(":")
         cells.setdefault(shape, {})[action] = result.verdict
     width = max(len(shape) for shape in cells)
-    marks = {"pass": ("pass", "green"), "fail": ("FAIL", "red"), "unsupported": ("n/a", "yellow")}
+    marks = {
+        "pass": ("pass", "green"),
+        "fail": ("FAIL", "red"),
+        "drops": ("DROPS", "red"),
+        "unsupported": ("n/a", "yellow"),
+    }
     header = "assistant turn".ljust(width) + "  " + "  ".join(c.ljust(10) for c in _COLUMNS)
     lines = [header.rstrip(), "-" * len(header.rstrip())]
     for shape, row in cells.items():

@@ -21,7 +21,7 @@ from tito_agents.cli._audit_cases import (
     AuditCase,
 )
 
-__all__ = ["Hint", "Mismatch", "find_hint", "marker_start"]
+__all__ = ["Hint", "Mismatch", "content_hint", "find_hint", "marker_start"]
 
 _TAIL_CHARS = 48
 _REASONING_OPEN = re.compile(
@@ -57,6 +57,40 @@ def find_hint(m: Mismatch) -> Hint | None:
         if hint is not None:
             return hint
     return None
+
+
+def content_hint(case: AuditCase, missing: list[str]) -> Hint:
+    """What a template that leaves content out of its rendering does to samples, and the fix."""
+    what = ", ".join(missing)
+    if any(label.startswith("tool") for label in missing):
+        effect = (
+            "the model's prompts never show the tool exchange it trained on (a trainer sees a "
+            "history without the calls or results the agent really had)"
+        )
+        fix = (
+            "use a template that renders `tool_calls` and `tool` messages (trl's `supports_tool_"
+            "calling` checks the same), e.g. the model's tool-use template or a *_training.jinja"
+        )
+    elif "system text" in missing:
+        effect = (
+            "a system message sent mid-conversation is left out (the template renders a system "
+            "message only at the start), so the prompt is not the conversation the agent sent"
+        )
+        fix = "do not send system messages mid-conversation, or render them in place"
+    elif "reasoning" in missing:
+        effect = "the reasoning the model sampled is not in the history it is shown next"
+        fix = "render `reasoning_content` (or strip reasoning from the messages your agent sends)"
+    else:
+        effect = "the rendered prompt is not the conversation the agent sent"
+        fix = (
+            "check the message spelling the template expects (content as text or as blocks); a "
+            "template that renders only one spelling drops the other silently"
+        )
+    return Hint(
+        "content_dropped",
+        f"the rendering leaves out the {what} of this conversation in every message spelling "
+        f"tried: {effect}. Fix: {fix}.",
+    )
 
 
 def _token_boundary(m: Mismatch) -> Hint | None:

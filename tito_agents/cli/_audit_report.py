@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tito_agents.cli._audit_cases import AuditCase, Dialect
@@ -11,7 +11,10 @@ from tito_agents.cli._audit_hints import Hint
 
 __all__ = ["AuditReport", "CaseResult", "Verdict"]
 
-Verdict = Literal["pass", "fail", "unsupported"]
+Verdict = Literal["pass", "fail", "unsupported", "drops"]
+"""`pass`; `fail` (prefix not preserved, with a hint when a pattern is known); `unsupported` (not
+applicable: the template refuses that conversation, or never renders reasoning); `drops` (the
+rendering leaves out content the case sends: a tool call, the tool result, text, reasoning)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,10 @@ class CaseResult:
     error: str | None = None
     dialect_used: Dialect | None = None
     """The message spelling the template accepted (`dialect` is its description)."""
+    missing: list[str] | None = None
+    """`drops`: what the rendering left out ("tool call name", "tool result", ...)."""
+    prefix_verdict: Verdict | None = None
+    """`drops`: what the prefix comparison alone said ("pass" or "fail")."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +53,8 @@ class CaseResult:
             "context": self.context,
             "hint": None if self.hint is None else {"code": self.hint.code, "text": self.hint.text},
             "error": self.error,
+            "missing": self.missing,
+            "prefix_verdict": self.prefix_verdict,
         }
 
 
@@ -58,16 +67,22 @@ class AuditReport:
     token_level: bool
     template_sha256: str
     results: list[CaseResult]
+    missing_tokens: list[str] = field(default_factory=list)
+    """Token level: markers the template writes that the tokenizer splits into several tokens (it
+    is probably not the model's tokenizer; token-level failures may not be real)."""
+    renders_reasoning: bool = True
+    """Whether the template renders `reasoning_content` at all (else reasoning cases are n/a)."""
 
     def counts(self) -> dict[str, int]:
-        counts = {"pass": 0, "fail": 0, "unsupported": 0}
+        counts = {"pass": 0, "fail": 0, "drops": 0, "unsupported": 0}
         for result in self.results:
             counts[result.verdict] += 1
         return counts
 
     @property
     def passed(self) -> bool:
-        return self.counts()["fail"] == 0
+        counts = self.counts()
+        return counts["fail"] == 0 and counts["drops"] == 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,5 +92,7 @@ class AuditReport:
             "template_sha256": self.template_sha256,
             "passed": self.passed,
             "summary": self.counts(),
+            "missing_tokens": self.missing_tokens,
+            "renders_reasoning": self.renders_reasoning,
             "cases": [r.to_dict() for r in self.results],
         }

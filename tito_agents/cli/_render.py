@@ -1,14 +1,17 @@
 """Rendering chat templates the way transformers (and so vLLM) does, with or without a tokenizer.
 
 With a tokenizer, `tokenizer.apply_chat_template(..., tokenize=False)` renders (the tokenizer's special
-tokens are template variables, exactly as in vLLM's chat endpoint). A bare template is rendered with
-transformers' own sandboxed Jinja environment (`render_jinja_template`), with placeholder special
-tokens. Text becomes ids with `add_special_tokens=False`, as vLLM encodes a rendered chat prompt.
+tokens are template variables, exactly as in vLLM's chat endpoint), also for a bare template given
+with `--tokenizer` (as vLLM renders `--chat-template FILE`). A bare template without a tokenizer is
+rendered with transformers' own sandboxed Jinja environment (`render_jinja_template`), with
+placeholder special tokens. Text becomes ids with `add_special_tokens=False`, as vLLM encodes a
+rendered chat prompt.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,12 +125,32 @@ def load_renderer(
             template = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise CliInputError(path, f"cannot read template: {_short(exc)}") from exc
+        _refuse_json_config(path, template)
         renderer = TemplateRenderer(str(path), template, None, None, False, kwargs)
     if tokenizer is not None:
+        # Rendered with the tokenizer, as vLLM renders `--chat-template FILE`: its special tokens
+        # (bos_token, eos_token) are the template's variables, not placeholders.
         renderer.tokenizer = load_tokenizer(tokenizer)
         renderer.tokenizer_origin = str(tokenizer)
+        renderer.renders_with_tokenizer = True
     check_compiles(path, renderer.template)
     return renderer
+
+
+def _refuse_json_config(path: Path, text: str) -> None:
+    """A JSON file is not a template (a Jinja compiler would happily render it as text): name a
+    tokenizer config as such."""
+    if not text.lstrip().startswith("{"):
+        return
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return  # a template that starts with `{%` or `{{`
+    if isinstance(value, dict) and "chat_template" in value:
+        raise CliInputError(
+            path, "is a tokenizer config, not a chat template: give its folder instead"
+        )
+    raise CliInputError(path, "is a JSON file, not a chat template")
 
 
 def _tokenizer_template(path: Path, tokenizer: Any) -> str:

@@ -14,22 +14,28 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from tito_agents.assembly.divergence import common_prefix_len
 from tito_agents.cli._audit_cases import (
+    REASONING_TEXT,
     TOOLS,
+    USER_TEXT,
     AuditCase,
     Dialect,
     all_cases,
     conversation,
     dialects,
+    expected_content,
+    head,
 )
 from tito_agents.cli._audit_format import format_report
-from tito_agents.cli._audit_hints import Mismatch, find_hint, marker_start
+from tito_agents.cli._audit_hints import Mismatch, content_hint, find_hint, marker_start
 from tito_agents.cli._audit_report import AuditReport, CaseResult
+from tito_agents.cli._audit_tokens import missing_tokens
 from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
 from tito_agents.cli._render import RenderRefused, TemplateRenderer, load_renderer
 from tito_agents.cli._term import Painter, color_enabled
@@ -46,30 +52,91 @@ def audit_template(
 ) -> AuditReport:
     """Run every case (default: `all_cases()`) against the renderer's template.
 
-    `CliInputError` when the template renders none of them (it cannot render a basic chat).
+    `CliInputError` when the template cannot render a basic chat, or renders it without the
+    conversation in it (an empty shell, or a file that is not a chat template at all).
     """
+    probe = _probe(renderer)
     results: list[CaseResult] = []
     preferred: Dialect | None = None
+    seen: list[str] = []
     for case in cases if cases is not None else all_cases():
-        result, used = _run_case(renderer, case, preferred)
+        result, used = _run_case(renderer, case, preferred, probe, seen)
         preferred = used or preferred
         results.append(result)
-    if results and all(r.verdict == "unsupported" for r in results):
-        raise CliInputError(renderer.origin, f"template fails to render: {results[0].error}")
+    missing = missing_tokens(renderer, seen) if renderer.token_level else []
     return AuditReport(
         renderer.origin,
         renderer.tokenizer_origin,
         renderer.token_level,
         renderer.template_sha256,
         results,
+        missing_tokens=missing,
+        renders_reasoning=probe.renders_reasoning,
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """What the template does with a basic chat, found once before the cases run."""
+
+    renders_reasoning: bool
+    """Whether any dialect renders `reasoning_content` of a final assistant turn at all."""
+
+
+def _probe(renderer: TemplateRenderer) -> _Probe:
+    """Render a user question and a plain answer (with and without reasoning) in each dialect.
+
+    `CliInputError` when no dialect renders it (the template cannot render a basic chat), or when
+    some do but none shows the user's text (the template renders no conversation).
+    """
+    rendered_any = shows_conversation = reasoning = False
+    first_error: str | None = None
+    for with_reasoning in (False, True):
+        case = AuditCase("generation", tool_calls=False, reasoning=with_reasoning, tools=False)
+        for dialect in dialects():
+            _, messages = conversation(case, dialect)
+            try:
+                text = renderer.render(messages, tools=None, add_generation_prompt=False)
+            except RenderRefused as exc:
+                first_error = first_error or str(exc)
+                continue
+            rendered_any = True
+            shows_conversation = shows_conversation or USER_TEXT in text
+            reasoning = reasoning or (with_reasoning and REASONING_TEXT in text)
+    if not rendered_any:
+        raise CliInputError(renderer.origin, f"template fails to render: {first_error}")
+    if not shows_conversation:
+        raise CliInputError(renderer.origin, _no_conversation(renderer))
+    return _Probe(reasoning)
+
+
+def _no_conversation(renderer: TemplateRenderer) -> str:
+    text = renderer.template.lstrip()
+    what = "renders no conversation: the messages' text is not in its output"
+    if text.startswith("{") and '"chat_template"' in text:
+        return f"{what} (a tokenizer config? give its folder instead)"
+    if "messages" not in renderer.template:
+        return f"{what} (it never reads `messages`: is this a chat template?)"
+    return f"{what} (is this a chat template?)"
+
+
 def _run_case(
-    renderer: TemplateRenderer, case: AuditCase, preferred: Dialect | None
+    renderer: TemplateRenderer,
+    case: AuditCase,
+    preferred: Dialect | None,
+    probe: _Probe,
+    seen: list[str],
 ) -> tuple[CaseResult, Dialect | None]:
-    """Render the case in the first dialect the template accepts and compare the renderings."""
+    """Render the case in the first dialect whose renderings show its content and compare them.
+
+    A template that renders every dialect without some of the content (tool calls, the tool
+    result, reasoning...) gets `drops`, judged on the first dialect it rendered. Reasoning cases of
+    a template that never renders reasoning are not applicable.
+    """
+    if case.reasoning and not probe.renders_reasoning:
+        return CaseResult(case, "unsupported", error=_NO_REASONING), None
     errors: dict[Dialect, str] = {}
+    dropped: tuple[Dialect, str, str, list[str]] | None = None
     candidates = [preferred] if preferred is not None else []
     candidates += [d for d in dialects() if d != preferred]
     for dialect in candidates:
@@ -84,15 +151,57 @@ def _run_case(
                 tools=tools,
                 add_generation_prompt=case.check == "append" and case.appended != "assistant",
             )
+            without_turn = (
+                earlier
+                if case.check == "generation"
+                else renderer.render(head(dialect), tools=tools, add_generation_prompt=True)
+            )
         except RenderRefused as exc:
             errors[dialect] = str(exc)
             continue
+        seen.extend((earlier, later))
+        missing = _missing_content(case, dialect, without_turn, earlier, later)
+        if missing:
+            if dropped is None or len(missing) < len(dropped[3]):
+                dropped = (dialect, earlier, later, missing)  # the spelling that shows the most
+            continue
         result = _compare(renderer, case, dialect, earlier, later)
         return dataclasses.replace(result, dialect_used=dialect), dialect
+    if dropped is not None:
+        dialect, earlier, later, missing = dropped
+        compared = _compare(renderer, case, dialect, earlier, later)
+        result = dataclasses.replace(
+            compared,
+            verdict="drops",
+            missing=missing,
+            prefix_verdict=compared.verdict,
+            hint=content_hint(case, missing),
+            dialect_used=dialect,
+        )
+        return result, None
     # Report what the template said to the spelling the other cases use, else to the standard one.
     error = errors.get(preferred) if preferred is not None else None
     error = error or next((errors[d] for d in dialects() if d in errors), None)
     return CaseResult(case, "unsupported", error=error), None
+
+
+_NO_REASONING = (
+    "the template never renders reasoning_content (no reasoning support): reasoning cases do not "
+    "apply"
+)
+
+
+def _missing_content(
+    case: AuditCase, dialect: Dialect, without_turn: str, earlier: str, later: str
+) -> list[str]:
+    """Labels of the content the case adds that its rendering does not show (each label once)."""
+    with_turn = later if case.check == "generation" else earlier
+    missing: list[str] = []
+    for content in expected_content(case, dialect):
+        before, after = (without_turn, with_turn) if content.part == "turn" else (earlier, later)
+        if after.count(content.text) <= before.count(content.text) and content.label not in missing:
+            missing.append(content.label)
+    return missing
 
 
 def _tools(case: AuditCase) -> list[dict[str, Any]] | None:

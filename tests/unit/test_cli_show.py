@@ -9,6 +9,7 @@ import json
 import re
 import struct
 import subprocess
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +210,8 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 )
 def test_html_page_in_headless_chromium(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A real headless Chromium renders the page and takes a screenshot; after its script ran, the
-    counts it finds by class among the drawn tokens equal the static counts and the sample's own."""
+    tokens it finds drawn by class (recorded in an attribute, never as text on the page) equal the
+    static counts and the sample's own."""
     samples = merged_episode()
     path = write_samples(tmp_path / "s.jsonl", samples)
     page = tmp_path / "page.html"
@@ -221,7 +223,7 @@ def test_html_page_in_headless_chromium(tmp_path: Path, capsys: pytest.CaptureFi
     assert _png_size(shot) == (1000, 800)
     result = _chromium(tmp_path, "--dump-dom", page.as_uri())
     dom = result.stdout
-    found = re.search(r'data-js-counts="([^"]+)"', dom)
+    found = re.search(r'data-drawn="([^"]+)"', dom)
     assert found, (result.returncode, result.stderr[-2000:])
     drawn: dict[str, Any] = json.loads(html.unescape(found.group(1)))
     expected = _expected_counts(samples[1])
@@ -229,4 +231,173 @@ def test_html_page_in_headless_chromium(tmp_path: Path, capsys: pytest.CaptureFi
     assert drawn["rewrite_points"] == 2  # from A at 7, to C at 11
     static = _static_counts(dom)
     assert {k: static[k] for k in expected} == expected
-    assert 'id="js-count-trained"' in dom
+    assert "drawn on this page" not in dom and "script did not run" not in dom
+
+
+def _constrained_sample(tok: Any) -> Sample:
+    """One per-call sample of a forced tool call: its span was sampled under a constraint and
+    re-scored (policy logprobs differ from the rollout's by a known gap); the sampled text holds an
+    emoji and CJK characters, which SmolLM2 splits into byte tokens."""
+    prompt = tok.encode(
+        "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    sampled = tok.encode('{"city": "日本 🙂"}<|im_end|>', add_special_tokens=False)
+    sample = merged_episode()[3]
+    n = len(prompt) + len(sampled)
+    sample.token_ids = np.asarray([*prompt, *sampled], dtype=np.int32)
+    sample.loss_mask = np.asarray([0] * len(prompt) + [1] * len(sampled), dtype=np.uint8)
+    rng = np.random.default_rng(0)
+    rollout = np.zeros(n, dtype=np.float32)
+    rollout[len(prompt) :] = -rng.uniform(0.0, 3.0, len(sampled))
+    policy = rollout.copy()
+    policy[len(prompt) :] -= 1.5  # what the mask hid: the policy was less sure
+    sample.logprobs, sample.policy_logprobs = rollout, policy
+    sample.spans[0] = dataclasses.replace(
+        sample.spans[0],
+        start=len(prompt),
+        end=n,
+        constrained="tool_choice=required",
+        logprob_source="rescored",
+    )
+    sample.validate()
+    return sample
+
+
+def test_show_marks_constrained_spans(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The terminal view says how many trained tokens were sampled under a constraint, tags them
+    inline, and the spans table names the constraint and what its logprobs are; --json counts them."""
+    from tito_agents.testing.smollm2 import load_tokenizer
+
+    sample = _constrained_sample(load_tokenizer())
+    path = write_samples(tmp_path / "s.jsonl", [sample])
+    code, out, _ = run_cli(["show", path, "--color", "never"], capsys)
+    n = sample.num_trained
+    assert code == 0
+    assert f"constrained: {n} trained tokens sampled under a constraint" in out
+    assert "≋tool_choice=required≋«trained call 0»" in out
+    assert "tool_choice=required (rescored)" in out
+    _, out, _ = run_cli(["show", path, "--json"], capsys)
+    data = json.loads(out)
+    assert data["counts"]["constrained"] == n
+    assert data["spans"][0]["constrained"] == "tool_choice=required"
+
+
+def test_html_shades_logprobs_gaps_and_draws_split_characters_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The page shades each trained token by its logprob and by its rollout/policy gap, outlines
+    constrained tokens, draws the emoji and CJK characters whole on the runs of byte tokens that
+    hold them (never U+FFFD), and shows no self-check text."""
+    from tito_agents.testing.smollm2 import load_tokenizer
+
+    sample = _constrained_sample(load_tokenizer())
+    path = write_samples(tmp_path / "s.jsonl", [sample])
+    out = tmp_path / "page.html"
+    code, _, _ = run_cli(["show", path, "--tokenizer", tokenizer_dir(), "--html", out], capsys)
+    assert code == 0
+    page = out.read_text()
+    text = html.unescape(re.sub(r"<[^>]+>", "", page.split("<div id='tokens'")[1]))
+    assert "🙂" in text and "日" in text and "本" in text and "\ufffd" not in page
+    runs = [int(n) for n in re.findall(r"data-n='(\d+)'", page)]
+    spans = re.findall(r"<span class='t ([^']*)'( data-i=[^>]*)>", page)
+    assert sum(runs) + len(spans) - len(runs) == sample.num_tokens  # every token drawn once
+    assert runs and all(n >= 2 for n in runs)
+    trained = [attrs for classes, attrs in spans if classes.startswith("trained")]
+    assert trained and all("constrained" in c for c, _ in spans if c.startswith("trained"))
+    assert all("--lpc:hsl(" in a and "--gapc:rgba(220,38,38," in a for a in trained)
+    gaps = [float(g) for g in re.findall(r"data-gap='([\d.]+)'", page)]
+    assert gaps and all(
+        g == pytest.approx(1.5 * len_) for g, len_ in zip(gaps, _run_lengths(spans), strict=True)
+    )
+    assert "body class='shade-logprob'" in page and "value='gap'" in page
+    assert "<td>tool_choice=required</td><td>rescored</td>" in page
+    assert "mean |rollout - policy| 1.500" in page
+    assert "drawn on this page" not in page and "script did not run" not in page
+
+
+def _run_lengths(spans: list[tuple[str, str]]) -> list[int]:
+    """Tokens per drawn trained element, in order."""
+    lengths = []
+    for classes, attrs in spans:
+        if classes.startswith("trained"):
+            found = re.search(r"data-n='(\d+)'", attrs)
+            lengths.append(int(found.group(1)) if found else 1)
+    return lengths
+
+
+def _png_pixels(path: Path) -> list[tuple[int, int, int]]:
+    """The RGB pixels of an 8-bit RGB/RGBA PNG (Chromium's screenshots), decoded by hand."""
+    data = path.read_bytes()
+    pos, chunks, header = 8, [], b""
+    while pos < len(data):
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            header = body
+        elif kind == b"IDAT":
+            chunks.append(body)
+        pos += 12 + length
+    width, height = struct.unpack(">II", header[:8])
+    depth, colour = header[8], header[9]
+    assert depth == 8 and colour in (2, 6)
+    step = 3 if colour == 2 else 4
+    raw = zlib.decompress(b"".join(chunks))
+    stride = width * step
+    previous = bytearray(stride)
+    pixels = []
+    for y in range(height):
+        kind = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for x in range(stride):
+            a = line[x - step] if x >= step else 0
+            b = previous[x]
+            c = previous[x - step] if x >= step else 0
+            if kind == 1:
+                line[x] = (line[x] + a) & 255
+            elif kind == 2:
+                line[x] = (line[x] + b) & 255
+            elif kind == 3:
+                line[x] = (line[x] + (a + b) // 2) & 255
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        pixels += [tuple(line[x : x + 3]) for x in range(0, stride, step)]
+        previous = line
+    return pixels  # type: ignore[return-value]
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install chromium)"
+)
+def test_html_shading_is_drawn_in_headless_chromium(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a real Chromium the trained tokens are painted in their logprob colours (not the flat
+    class green): the screenshot holds the colour of each logprob shade the page assigns."""
+    from tito_agents.testing.smollm2 import load_tokenizer
+
+    sample = _constrained_sample(load_tokenizer())
+    path = write_samples(tmp_path / "s.jsonl", [sample])
+    page = tmp_path / "page.html"
+    code, _, _ = run_cli(["show", path, "--tokenizer", tokenizer_dir(), "--html", page], capsys)
+    assert code == 0
+    shot = tmp_path / "page.png"
+    result = _chromium(tmp_path, "--window-size=1000,900", f"--screenshot={shot}", page.as_uri())
+    assert shot.exists(), result.stderr[-2000:]
+    colours = set(_png_pixels(shot))
+    hues = {int(h) for h in re.findall(r"--lpc:hsl\((\d+),75%,78%\)", page.read_text())}
+    assert len(hues) >= 3
+    drawn = [h for h in hues if any(_close(c, _hsl(h, 0.75, 0.78)) for c in colours)]
+    assert len(drawn) == len(hues), (sorted(hues), sorted(drawn))
+
+
+def _hsl(hue: int, s: float, lightness: float) -> tuple[int, int, int]:
+    import colorsys
+
+    r, g, b = colorsys.hls_to_rgb(hue / 360, lightness, s)
+    return round(r * 255), round(g * 255), round(b * 255)
+
+
+def _close(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+    return all(abs(x - y) <= 3 for x, y in zip(a, b, strict=True))

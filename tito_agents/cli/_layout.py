@@ -67,9 +67,29 @@ class SampleView:
             "context": int(by_class[CONTEXT]),
             "env": int(by_class[ENV]),
             "trained": int(by_class[TRAINED]),
+            "constrained": self.constrained_tokens(),
             "calls": len(self.sample.spans),
             "rewrite_points": sum(m.kind in REWRITE_KINDS for m in self.markers),
         }
+
+    def constrained_tokens(self) -> int:
+        """Trained tokens of spans sampled under a constraint (`CallSpan.constrained`, issue 16;
+        read with getattr so samples written before it count none)."""
+        mask = self.sample.loss_mask
+        return sum(
+            int(np.count_nonzero(mask[s.start : s.end]))
+            for s in self.sample.spans
+            if getattr(s, "constrained", None)
+        )
+
+    def constrained_of(self) -> list[str | None]:
+        """Per token: the constraint its call was sampled under (sampled tokens only), else None."""
+        kinds: list[str | None] = [None] * self.sample.num_tokens
+        for span in self.sample.spans:
+            kind = getattr(span, "constrained", None)
+            if kind:
+                kinds[span.start : span.end] = [str(kind)] * (span.end - span.start)
+        return kinds
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -21,7 +21,7 @@ import numpy as np
 from tito_agents.calls import IdArray
 from tito_agents.cli._errors import CliInputError
 
-__all__ = ["decode_tokens", "encode_text", "is_gguf", "load_tokenizer"]
+__all__ = ["decode_runs", "decode_tokens", "encode_text", "is_gguf", "load_tokenizer"]
 
 _GGUF_MAGIC = b"GGUF"
 
@@ -84,6 +84,55 @@ def decode_tokens(tokenizer: Any, ids: Sequence[int] | IdArray) -> list[str]:
     except Exception:  # an id outside the vocabulary: show it as an id
         texts = [_decode_one(tokenizer, i) for i in id_list]
     return texts
+
+
+_REPLACEMENT = "\ufffd"
+_MAX_RUN = 8
+"""A UTF-8 character is at most 4 bytes; byte-level tokenizers may add a few pieces around it."""
+
+
+def decode_runs(
+    tokenizer: Any, ids: Sequence[int] | IdArray, keys: Sequence[int] | None = None
+) -> list[tuple[int, int, str]]:
+    """`(start, end, text)` runs covering `ids` in order, for drawing tokens as text.
+
+    Each token is its own run, except where a token's own text holds U+FFFD (it carries part of a
+    multi-byte character, e.g. one byte of an emoji): it is decoded together with the tokens that
+    follow, up to a few, until their joint text is clean, and that text belongs to the run. Runs
+    never cross a change of `keys` (e.g. the token's class or call). A token that stays unclean
+    (a character cut at the end of the sample) is its own run, shown as decoded.
+    """
+    id_list = [int(i) for i in ids]
+    texts = decode_tokens(tokenizer, id_list)
+    runs: list[tuple[int, int, str]] = []
+    i, n = 0, len(id_list)
+    while i < n:
+        if _REPLACEMENT in texts[i]:
+            run = _clean_run(tokenizer, id_list, keys, i)
+            if run is not None:
+                runs.append(run)
+                i = run[1]
+                continue
+        runs.append((i, i + 1, texts[i]))
+        i += 1
+    return runs
+
+
+def _clean_run(
+    tokenizer: Any, ids: list[int], keys: Sequence[int] | None, start: int
+) -> tuple[int, int, str] | None:
+    for end in range(start + 2, min(len(ids), start + _MAX_RUN) + 1):
+        if keys is not None and keys[end - 1] != keys[start]:
+            return None
+        try:
+            text: str = tokenizer.decode(
+                ids[start:end], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        except Exception:  # an id outside the vocabulary
+            return None
+        if _REPLACEMENT not in text:
+            return start, end, text
+    return None
 
 
 def _decode_one(tokenizer: Any, token_id: int) -> str:

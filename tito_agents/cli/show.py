@@ -14,13 +14,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from tito_agents.cli._errors import EXIT_OK, CliInputError
-from tito_agents.cli._html import render_html
+from tito_agents.cli._html import Run, render_html
 from tito_agents.cli._layout import CLASS_NAMES, CONTEXT, ENV, TRAINED, SampleView, build_view
 from tito_agents.cli._term import Painter, color_enabled, table
-from tito_agents.cli._tokenizers import decode_tokens, load_tokenizer
+from tito_agents.cli._tokenizers import decode_runs, decode_tokens, load_tokenizer
 from tito_agents.cli.drift import check_vocabulary
 from tito_agents.cli.sources import open_samples
 from tito_agents.samples import Sample
@@ -90,6 +91,16 @@ def token_texts(sample: Sample, tokenizer: Any | None) -> list[str]:
     return decode_tokens(tokenizer, sample.token_ids)
 
 
+def html_runs(view: SampleView, tokenizer: Any | None) -> list[Run]:
+    """What the page draws: one id per token without a tokenizer; with one, each token's text,
+    with a character split across tokens decoded whole on its run (never across a class or call)."""
+    sample = view.sample
+    if tokenizer is None:
+        return [(i, i + 1, str(int(t))) for i, t in enumerate(sample.token_ids)]
+    keys = (view.classes.astype(np.int64) * (1 << 32) + view.call_of.astype(np.int64)).tolist()
+    return decode_runs(tokenizer, sample.token_ids, keys)
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "show",
@@ -123,12 +134,13 @@ def run(args: argparse.Namespace) -> int:
     view = build_view(target, episode)
     texts = token_texts(target, tokenizer)
     if args.html:
+        runs = html_runs(view, tokenizer)
         out = Path(args.html)
         if not out.parent.is_dir():  # never create folders: a typo would scatter pages around
             raise CliInputError(out, f"cannot write: folder {out.parent} does not exist")
         try:
             out.write_text(
-                render_html(view, texts, source=str(samples.path), ids_only=tokenizer is None),
+                render_html(view, runs, source=str(samples.path), ids_only=tokenizer is None),
                 encoding="utf-8",
             )
         except OSError as exc:
@@ -140,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         counts = view.counts()
         sys.stdout.write(
             f"wrote {args.html}: sample {target.sample_id}, {counts['tokens']:,} tokens "
-            f"({counts['trained']:,} trained, {counts['env']:,} tool/env, "
+            f"({counts['trained']:,} trained, {counts['constrained']:,} of them constrained, "
+            f"{counts['env']:,} tool/env, "
             f"{counts['context']:,} context), {counts['rewrite_points']} rewrite point(s)\n"
         )
     else:
@@ -175,9 +188,10 @@ def format_sample(view: SampleView, texts: list[str], paint: Painter) -> str:
         f"tokens {counts['tokens']:,}: context {counts['context']:,}, tool/env {counts['env']:,}, "
         f"trained {counts['trained']:,}   calls {counts['calls']}   rewrite points "
         f"{counts['rewrite_points']}",
+        *_constrained_lines(view),
         "",
         table(
-            ("#", "call", "context", "sampled", "finish", "reward", "policy"),
+            ("#", "call", "context", "sampled", "finish", "reward", "policy", "constrained"),
             [
                 (
                     k,
@@ -187,12 +201,15 @@ def format_sample(view: SampleView, texts: list[str], paint: Painter) -> str:
                     s.finish_reason or "-",
                     _reward(s.reward),
                     s.policy_version or "-",
+                    _constraint(s),
                 )
                 for k, s in enumerate(sample.spans)
             ],
         ),
         "",
-        "legend: " + "  ".join(_legend(paint)) + "   ⟂ rewrite point / end",
+        "legend: "
+        + "  ".join(_legend(paint))
+        + "   ⟂ rewrite point / end   ≋ sampled under a constraint",
         "",
         _tokens(view, texts, paint),
         "",
@@ -207,6 +224,32 @@ def format_sample(view: SampleView, texts: list[str], paint: Painter) -> str:
     return "\n".join(lines)
 
 
+def _constraint(span: Any) -> str:
+    """A span's constraint and what its logprobs are, e.g. `tool_choice=required (masked)`."""
+    kind = getattr(span, "constrained", None)
+    if not kind:
+        return "-"
+    source = getattr(span, "logprob_source", None)
+    error = getattr(span, "rescore_error", None)
+    return f"{kind} ({source or 'no logprobs'}{'; ' + error if error else ''})"
+
+
+def _constrained_lines(view: SampleView) -> list[str]:
+    """A warning line when some trained tokens were sampled under a constraint."""
+    n = view.counts()["constrained"]
+    if not n:
+        return []
+    masked = sum(
+        1
+        for s in view.sample.spans
+        if getattr(s, "constrained", None) and getattr(s, "logprob_source", None) == "masked"
+    )
+    line = f"constrained: {n:,} trained tokens sampled under a constraint (tagged ≋)"
+    if masked:
+        line += f"; {masked} span(s) hold only post-mask logprobs, not the policy's"
+    return [line]
+
+
 def _legend(paint: Painter) -> list[str]:
     names = {CONTEXT: "context", ENV: "tool/env", TRAINED: "trained"}
     return [_paint_token(paint, f" {names[c]} ", c, 0) for c in (CONTEXT, ENV, TRAINED)]
@@ -216,23 +259,26 @@ def _tokens(view: SampleView, texts: list[str], paint: Painter) -> str:
     markers_at: dict[int, list[str]] = {}
     for marker in view.markers:
         markers_at.setdefault(marker.position, []).append(marker.reason)
+    constrained = view.constrained_of()
     out: list[str] = []
-    previous = -1
+    previous: tuple[int, str | None] = (-1, None)
     for i, text in enumerate(texts):
         for reason in markers_at.get(i, ()):
             out.append(paint(f"⟂{reason}⟂", "1", "38;5;201") if paint.enabled else f"⟂{reason}⟂")
         cls = int(view.classes[i])
+        if constrained[i] and (cls, constrained[i]) != previous:
+            out.append(paint(f"≋{constrained[i]}≋", "1", "38;5;205"))
         if paint.enabled:
             out.append(_paint_token(paint, _visible(text), cls, i))
         else:
-            if cls != previous:
+            if (cls, constrained[i]) != previous:
                 call = int(view.call_of[i])
                 where = f" call {call}" if call >= 0 else ""
                 out.append(f"«{CLASS_NAMES[cls]}{where}»")
             elif out and not out[-1].endswith(("\n", "⟂")):
                 out.append("|")  # a token boundary; none at a line start
             out.append(_visible(text))
-        previous = cls
+        previous = (cls, constrained[i])
     for reason in markers_at.get(len(texts), ()):
         out.append(paint(f"⟂{reason}⟂", "1", "38;5;201"))
     return "".join(out)

@@ -244,3 +244,65 @@ def test_template_check_runs_only_against_a_named_template(
     assert code == 0 and data["chat_template"].endswith("(its own template)")
     assert data["template_rerender"]["scanned"] == 1
     assert data["template_rerender"]["drifted"] == 0
+
+
+def _chat_call(tok: Any, cid: str, messages: list[dict[str, Any]], answer: str) -> Any:
+    from tito_agents.calls import Call, CallStatus, Endpoint
+
+    return Call(
+        call_id=cid,
+        request_id=cid,
+        endpoint=Endpoint.CHAT,
+        choice_index=0,
+        status=CallStatus.COMPLETE,
+        prompt_ids=np.asarray(_prompt(tok, messages), dtype=np.int32),
+        sampled_ids=np.asarray(_enc(tok, answer), dtype=np.int32),
+        logprobs=None,
+        finish_reason="stop",
+        stop_reason=None,
+        model="m",
+        http_status=200,
+        stream=False,
+        started_at=0.0,
+        ended_at=0.0,
+        agent="a",
+        messages=messages,
+    )
+
+
+def test_attached_call_messages_are_measured_end_to_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tok: Any
+) -> None:
+    """Samples assembled with `assembly="both"` and their calls' messages attached
+    (`attach_call_messages`, the opt-in writer) are re-rendered by drift with the server's template:
+    every call of every sample is measured, none drifts; against another template, all drift."""
+    from tito_agents.assembly import AssemblyMode, AssemblyOptions, EpisodeContext, assemble_episode
+    from tito_agents.assembly.call_messages import attach_call_messages
+
+    first = _chat_call(tok, "c1", MESSAGES, "It is sunny.<|im_end|>")
+    second_messages = [
+        *MESSAGES,
+        {"role": "assistant", "content": "It is sunny."},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    second = _chat_call(tok, "c2", second_messages, "Rain.<|im_end|>")
+    samples, _ = assemble_episode(
+        [first, second], EpisodeContext("ep"), AssemblyOptions(mode=AssemblyMode.BOTH)
+    )
+    assert attach_call_messages(samples, [first, second]) == len(samples) == 3
+    merged = samples[-1]
+    assert set(merged.metadata["call_messages"]) == {"c1", "c2"}
+    data = _drift(tmp_path, capsys, samples)
+    rerender = data["template_rerender"]
+    assert rerender["available"] and rerender["scanned"] == 4  # 2 per-call + 2 spans of the merged
+    assert rerender["drifted"] == 0
+    other = tmp_path / "other.jinja"
+    other.write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
+    path = write_samples(tmp_path / "s2.jsonl", samples)
+    code, out, _ = run_cli(
+        ["drift", path, "--tokenizer", tokenizer_dir(), "--chat-template", other, "--json"], capsys
+    )
+    assert code == 0 and json.loads(out)["template_rerender"]["drifted"] == 4

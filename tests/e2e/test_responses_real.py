@@ -1,0 +1,222 @@
+"""End-to-end capture of the Responses API (`POST /v1/responses`) against the real CPU vLLM 0.32
+serving SmolLM2-135M-Instruct.
+
+Each captured call holds the server's own ids: its prompt ids equal the server's /tokenize of the
+same conversation in chat form (vLLM renders a Responses request through the chat template:
+instructions as the system message, function_call items as assistant tool calls, their outputs as
+tool messages), and re-scoring prompt + sampled ids with /v1/completions `prompt_logprobs`
+reproduces the captured rollout logprobs of free calls (mean |Δ| ≤ 0.05). The caller's response is
+the one an unwrapped client gets: the fields capture added are null.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+import tito_agents as tito
+from tests.rescoring import rescored_logprobs
+
+pytestmark = pytest.mark.e2e
+
+MEAN_TOL = 0.05
+TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+"""Strict, so the forced call's grammar follows the schema (a 135M model then closes the call)."""
+CHAT_TOOL = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
+INSTRUCTIONS = "You are a helpful assistant."
+ASK = "What is the weather in Paris?"
+
+
+def tokenize(base_url: str, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:
+    root = base_url.rstrip("/").removesuffix("/v1")
+    body: dict[str, Any] = {"messages": messages, "add_generation_prompt": True}
+    if tools:
+        body["tools"] = tools
+    response = httpx.post(f"{root}/tokenize", json=body, timeout=60)
+    response.raise_for_status()
+    return list(response.json()["tokens"])
+
+
+def check_rescored(base_url: str, model: str, call: tito.Call) -> float:
+    """Mean |Δ| between the captured logprobs of a free call and the server's re-scoring of its
+    prompt + sampled ids."""
+    assert call.logprobs is not None and call.logprobs.shape == call.sampled_ids.shape
+    ids = call.prompt_ids.tolist() + call.sampled_ids.tolist()
+    again = rescored_logprobs(base_url, model, ids)[len(call.prompt_ids) :]
+    mean = float(np.abs(again - call.logprobs.astype(np.float64)).mean())
+    assert mean <= MEAN_TOL, mean
+    return mean
+
+
+def test_non_streaming_call_is_exact_and_the_caller_sees_no_ids(
+    vllm_base_url: str, vllm_model: str
+) -> None:
+    collector = tito.Collector(capture_logprobs=True)
+    client = collector.wrap(openai.OpenAI(base_url=vllm_base_url, api_key="EMPTY"))
+    with client, collector.episode() as ep:
+        response = client.responses.create(
+            model=vllm_model,
+            instructions=INSTRUCTIONS,
+            input="Name three colours of the rainbow.",
+            max_output_tokens=24,
+            temperature=1.0,
+        )
+    (call,) = ep.calls
+    assert call.status is tito.CallStatus.COMPLETE, call.error
+    assert call.call_id == f"{response.id}/0" and not call.stream
+    assert call.prompt_ids.tolist() == tokenize(
+        vllm_base_url,
+        [
+            {"role": "system", "content": INSTRUCTIONS},
+            {"role": "user", "content": "Name three colours of the rainbow."},
+        ],
+    )
+    assert response.usage is not None
+    assert response.usage.output_tokens == call.num_sampled
+    assert call.finish_reason == ("length" if response.status == "incomplete" else "stop")
+    assert response.model_extra is not None and response.model_extra["input_messages"] is None
+    assert response.output[0].content[0].logprobs is None  # type: ignore[union-attr]
+    check_rescored(vllm_base_url, vllm_model, call)
+    assert len(collector.sink.samples) == 1  # type: ignore[attr-defined]
+
+
+async def test_streaming_call_is_exact(vllm_base_url: str, vllm_model: str) -> None:
+    """The async client's `responses.stream`: ids from `response.completed`, the same text the
+    caller assembled from the deltas."""
+    collector = tito.Collector(capture_logprobs=True)
+    client = collector.wrap(openai.AsyncOpenAI(base_url=vllm_base_url, api_key="EMPTY"))
+    async with (
+        collector.episode() as ep,
+        client.responses.stream(
+            model=vllm_model, input="Say hello to Ada.", max_output_tokens=20, temperature=1.0
+        ) as events,
+    ):
+        async for _ in events:
+            pass
+        final = await events.get_final_response()
+    await client.close()
+    (call,) = ep.calls
+    assert call.status is tito.CallStatus.COMPLETE, call.error
+    assert call.stream and call.call_id == f"{final.id}/0"
+    assert call.prompt_ids.tolist() == tokenize(
+        vllm_base_url, [{"role": "user", "content": "Say hello to Ada."}]
+    )
+    root = vllm_base_url.removesuffix("/v1")
+    text = httpx.post(
+        f"{root}/detokenize", json={"tokens": call.sampled_ids.tolist()}, timeout=60
+    ).json()["prompt"]
+    assert text.removesuffix("<|im_end|>") == final.output_text
+    check_rescored(vllm_base_url, vllm_model, call)
+
+
+def test_tool_call_and_multi_turn_with_the_full_input_list(
+    vllm_base_url: str, vllm_model: str
+) -> None:
+    """Turn 1 forces a function call (structured: `Call.tool_calls`; no logprobs: vLLM gives
+    none for tokens that became a call); turn 2 passes the whole input list back with the
+    function_call item and its output; both prompts are the server's rendering; every sampled
+    token is trained exactly once in the merged samples."""
+    collector = tito.Collector(capture_logprobs=True, assembly="merged")
+    client = collector.wrap(openai.OpenAI(base_url=vllm_base_url, api_key="EMPTY"))
+    items: list[Any] = [{"role": "user", "content": ASK}]
+    with client, collector.episode() as ep:
+        first = client.responses.create(
+            model=vllm_model,
+            instructions=INSTRUCTIONS,
+            input=items,
+            tools=[TOOL],  # type: ignore[list-item]
+            tool_choice="required",
+            max_output_tokens=60,
+            temperature=1.0,
+        )
+        calls = [i for i in first.output if i.type == "function_call"]
+        assert calls, first.output
+        items += [
+            {
+                "type": "function_call",
+                "call_id": c.call_id,
+                "name": c.name,
+                "arguments": c.arguments,
+            }
+            for c in calls
+        ]
+        items += [
+            {"type": "function_call_output", "call_id": c.call_id, "output": "18C, sunny"}
+            for c in calls
+        ]
+        second = client.responses.create(
+            model=vllm_model,
+            instructions=INSTRUCTIONS,
+            input=items,
+            tools=[TOOL],  # type: ignore[list-item]
+            max_output_tokens=32,
+            temperature=1.0,
+        )
+        ep.set_reward(1.0)
+    assert [c.status for c in ep.calls] == [tito.CallStatus.COMPLETE] * 2
+    one, two = ep.calls
+    assert one.constrained == "tool_choice=required" and one.logprobs is None
+    assert one.tool_calls == [
+        {"call_id": c.call_id, "name": c.name, "arguments": c.arguments, "id": c.id} for c in calls
+    ]
+    system = {"role": "system", "content": INSTRUCTIONS}
+    assert one.prompt_ids.tolist() == tokenize(
+        vllm_base_url, [system, {"role": "user", "content": ASK}], [CHAT_TOOL]
+    )
+    chat_turn = [
+        system,
+        {"role": "user", "content": ASK},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": c.call_id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in calls
+            ],
+        },
+        *({"role": "tool", "tool_call_id": c.call_id, "content": "18C, sunny"} for c in calls),
+    ]
+    assert two.prompt_ids.tolist() == tokenize(vllm_base_url, chat_turn, [CHAT_TOOL])
+    if not two.tool_calls:  # a free text answer: its logprobs are the policy's own
+        check_rescored(vllm_base_url, vllm_model, two)
+    assert second.id in two.call_id
+    samples = collector.sink.samples  # type: ignore[attr-defined]
+    trained = sum(int(s.loss_mask.sum()) for s in samples)
+    assert trained == one.num_sampled + two.num_sampled, samples
+
+
+def test_previous_response_id_is_refused_by_default_vllm(
+    vllm_base_url: str, vllm_model: str
+) -> None:
+    """vLLM 0.32 stores no responses unless started with VLLM_ENABLE_RESPONSES_API_STORE=1:
+    `previous_response_id` is a 404 the caller gets as the SDK's NotFoundError; no call."""
+    collector = tito.Collector()
+    client = collector.wrap(openai.OpenAI(base_url=vllm_base_url, api_key="EMPTY"))
+    with client, collector.episode() as ep:
+        first = client.responses.create(
+            model=vllm_model, input="Hi", max_output_tokens=4, store=True
+        )
+        with pytest.raises(openai.NotFoundError):
+            client.responses.create(
+                model=vllm_model, input="Again", previous_response_id=first.id, max_output_tokens=4
+            )
+    assert [c.status for c in ep.calls] == [tito.CallStatus.COMPLETE]
+    assert collector.stats.failed_attempts == 1

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from tito_agents.gateway import Gateway, GatewayConfig, upstream_root
+        from tito_agents.gateway import CLIENT_KEEPALIVE_S, Gateway, GatewayConfig, upstream_root
     except ImportError as exc:
         raise CliInputError(
             "serve", f"needs the gateway extra: pip install 'tito-agents[gateway]' ({exc})"
@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             access_log=args.access_log,
             limit_concurrency=args.max_concurrency,
             timeout_graceful_shutdown=30,
+            timeout_keep_alive=CLIENT_KEEPALIVE_S,
         )
     finally:
         collector.close()

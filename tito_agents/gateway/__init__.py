@@ -8,6 +8,6 @@ opens and closes episodes and sets rewards. Needs the `gateway` extra (Starlette
 See docs/gateway.md.
 """
 
-from tito_agents.gateway._app import Gateway, GatewayConfig, upstream_root
+from tito_agents.gateway._app import CLIENT_KEEPALIVE_S, Gateway, GatewayConfig, upstream_root
 
-__all__ = ["Gateway", "GatewayConfig", "upstream_root"]
+__all__ = ["CLIENT_KEEPALIVE_S", "Gateway", "GatewayConfig", "upstream_root"]

@@ -31,7 +31,6 @@ from starlette.routing import Route
 
 from tito_agents._transport import http_module_of
 from tito_agents.collector import Collector
-from tito_agents.episodes import Attribution, register_resolver
 from tito_agents.errors import TitoError
 from tito_agents.gateway._control import ControlAPI, json_response
 from tito_agents.gateway._forward import (
@@ -45,10 +44,17 @@ from tito_agents.gateway._forward import (
 )
 from tito_agents.gateway._journal import Journal
 from tito_agents.gateway._registry import OpenEpisode, Registry, RegistryError
+from tito_agents.integration import Attribution, register_resolver
 
 logger = logging.getLogger("tito_agents.gateway")
 
 _FORWARD_METHODS = ["GET", "POST", "DELETE"]
+UPSTREAM_KEEPALIVE_S = 4.0
+"""Idle upstream connections are closed after this (below vLLM's 5 s keep-alive timeout)."""
+CLIENT_KEEPALIVE_S = 75
+"""How long the gateway keeps an idle agent connection (uvicorn's `timeout_keep_alive`): longer
+than clients keep theirs (httpx: 5 s), so it is the client that closes an idle connection and
+never sends a request on one the gateway is closing."""
 
 
 @dataclass(slots=True)
@@ -110,6 +116,9 @@ class Gateway:
         limits = type(openai.DEFAULT_CONNECTION_LIMITS)(
             max_connections=config.max_connections,
             max_keepalive_connections=config.max_connections,
+            # vLLM's server (uvicorn) drops idle connections after 5 s: let them go first, so
+            # a request never lands on a connection the server is closing
+            keepalive_expiry=UPSTREAM_KEEPALIVE_S,
         )
         client = self.collector.http_client(
             [urlsplit(self.root).hostname or ""],

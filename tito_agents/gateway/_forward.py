@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import orjson
 
-from tito_agents.episodes import Attribution
+from tito_agents.integration import Attribution
 
 logger = logging.getLogger("tito_agents.gateway")
 

@@ -1,0 +1,69 @@
+"""The gateway's parts without a server: the control token's sources, upstream URLs, the
+restart journal, and the headers that never travel upstream."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from tito_agents.cli.serve import TOKEN_ENV, control_token
+from tito_agents.gateway import upstream_root
+from tito_agents.gateway._forward import request_headers
+from tito_agents.gateway._journal import Journal
+
+
+def test_control_token_from_env_else_file_created_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    path = tmp_path / "token"
+    token = control_token(path, 8100)
+    assert len(token) >= 32 and path.read_text().strip() == token
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert control_token(path, 8100) == token  # read back, not replaced
+    monkeypatch.setenv(TOKEN_ENV, "from-env")
+    assert control_token(path, 8100) == "from-env"
+
+
+def test_upstream_root_accepts_root_or_base_url() -> None:
+    assert upstream_root("http://h:8000/v1/") == "http://h:8000"
+    assert upstream_root("http://h:8000") == "http://h:8000"
+    assert upstream_root("https://h/prefix/v1") == "https://h/prefix"
+    with pytest.raises(ValueError):
+        upstream_root("h:8000")
+
+
+def test_journal_reports_open_episodes_and_skips_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    journal = Journal(path)
+    assert journal.recover() == {}
+    journal.opened("a", task_id="t")
+    journal.opened("b")
+    journal.closed("b")
+    journal.close()
+    with path.open("ab") as handle:
+        handle.write(b'{"op":"open","id":"c"')  # the process died mid-write
+    again = Journal(path)
+    lost = again.recover()
+    assert list(lost) == ["a"] and lost["a"]["task_id"] == "t"
+    again.forgotten("a")
+    again.close()
+    last = Journal(path)
+    assert last.recover() == {}
+    last.close()
+
+
+def test_hop_by_hop_and_gateway_headers_stay_behind() -> None:
+    sent = request_headers(
+        [
+            (b"Host", b"gw"),
+            (b"Authorization", b"Bearer vllm-key"),
+            (b"X-Tito-Episode", b"ep"),
+            (b"Connection", b"keep-alive"),
+            (b"Content-Length", b"3"),
+            (b"Content-Type", b"application/json"),
+        ]
+    )
+    assert sent == [(b"Authorization", b"Bearer vllm-key"), (b"Content-Type", b"application/json")]

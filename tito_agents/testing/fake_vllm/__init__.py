@@ -25,7 +25,8 @@ also be set for one request with the header `x-fake-fault: name[=value][, ...]`.
 
 This package's `__all__` is its whole public surface. Its modules are private (leading underscore)
 and may change: `_core` (config, faults, `FakeVLLM.handle`), `_server` (HTTP), `_mock` (in-process
-transport), `_engine` with `_chat` and `_completions` (the endpoints), `_requests` (request
+transport), `_engine` with `_chat`, `_completions` and `_responses` (the endpoints; the Responses
+API renders and samples through the chat path, as vLLM does), `_requests` (request
 validation), `_wire` (vLLM's JSON and SSE shapes), `_model`, `_responder`, `_codec`, `_logprobs`,
 `_tools`, `_handoffs` and `_hash` (what the fake model says, and how it is tokenized and scored;
 `handoff_responder` plays the agents of supervisor, swarm and triage graphs).

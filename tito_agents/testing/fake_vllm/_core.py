@@ -76,6 +76,12 @@ class Faults:
     * `malformed_json`: a non-stream body (or the second SSE event's JSON) is cut in half.
     * `malformed_sse`: the second SSE event is framed wrongly (`data {...}` without the colon and
       without the blank line), so a compliant SSE parser drops it.
+
+    On `/v1/responses`, `no_token_ids` sends `input_messages` / `output_messages` as null (a
+    server older than 0.32 for a non-harmony model), `length_mismatch` drops the last id of
+    `output_messages`, and the transport faults apply as on chat (a Responses event keeps its
+    `event:` line); `include_reasoning_nulls` and `drop_parser_chunks` do not apply (a Responses
+    stream carries its ids only in the final event).
     """
 
     no_token_ids: bool = False

@@ -83,6 +83,9 @@ class CaptureStats:
     """Calls that completed after their episode had ended: never samples."""
     episodes: int = 0
     failed_episodes: int = 0
+    empty_episodes: int = 0
+    """Episodes that ended (their body did not raise) with no captured call; each is logged with
+    what capture saw while it was open, so a run that escaped capture is never silent."""
     samples: int = 0
     tokens: int = 0
     trained_tokens: int = 0

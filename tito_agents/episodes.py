@@ -12,6 +12,7 @@ import contextvars
 import itertools
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -228,6 +229,8 @@ class Episode:
         self.agent = agent
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.reward: float | None = None
+        self.started_at = time.time()
+        """When the episode was opened (wall clock, like `Call.started_at`)."""
         self.calls: list[Call] = []
         self.errors: list[CaptureError] = []
         self.divergences: list[Divergence] = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 from tito_agents.assembly import AssemblyMode, AssemblyOptions, EpisodeContext, assemble_episode
@@ -28,6 +28,10 @@ from tito_agents.samples import Sample
 from tito_agents.sinks import Sink, _lifecycle
 
 logger = logging.getLogger("tito_agents")
+
+RECENT_OUTSIDE_CALLS = 1024
+"""How many recent calls outside any episode are remembered (start time, agent) to explain an
+episode that ends with none of its own."""
 
 MAX_QUEUED_CALLS = 65536
 """Calls outside any episode waiting for the export thread; beyond it they are counted as lost
@@ -68,6 +72,7 @@ class Exporter:
         self._cond = threading.Condition(self._lock)
         self._queue: deque[tuple[Episode, list[Call]]] = deque()
         self._queued_calls = 0
+        self._recent_outside: deque[tuple[float, str | None]] = deque(maxlen=RECENT_OUTSIDE_CALLS)
         self._busy = False
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -94,6 +99,7 @@ class Exporter:
             if episode is not self.default_episode or not added:
                 return
             taken = episode._take_calls()
+            self._recent_outside.extend((c.started_at, c.agent) for c in taken)
             if self._queued_calls + len(taken) > MAX_QUEUED_CALLS or self._closing:
                 stats.sink_failures += 1
                 stats.lost_samples += len(taken)
@@ -161,9 +167,38 @@ class Exporter:
                 self.stats.failed_episodes += 1
         if failed:
             return []
+        if not calls and episode is not self.default_episode:
+            self._report_empty(episode)
         samples = self.assemble(episode, calls)
         self._count_samples(episode, samples)
         return samples
+
+    def _report_empty(self, episode: Episode) -> None:
+        """An episode that ends with no captured call is never silent: it is counted and logged
+        with what capture saw while it was open (calls outside any episode, by agent, or none)."""
+        with self._lock:
+            self.stats.empty_episodes += 1
+            outside = Counter(a for t, a in self._recent_outside if t >= episode.started_at)
+        if outside:
+            agents = ", ".join(f"{agent!r}: {n}" for agent, n in sorted(outside.items(), key=str))
+            logger.warning(
+                "episode %r ended with no captured call, while %d calls to vLLM were captured "
+                "outside any episode (by agent: %s): the run started or went on outside the "
+                "episode's context. Fix: start the run inside the episode (e.g. call "
+                "Runner.run_streamed or graph.astream inside `with collector.episode()`) and carry "
+                "the context into raw threads with tito_agents.bind",
+                episode.episode_id,
+                outside.total(),
+                agents,
+            )
+        else:
+            logger.warning(
+                "episode %r ended with no captured call, and no call to vLLM was captured "
+                "outside it either: the agent's requests did not go through a capturing client. "
+                "Fix: wrap the client the agent really uses (collector.wrap(client), or the "
+                "framework integration's install) and list its host in vllm_hosts",
+                episode.episode_id,
+            )
 
     def _count_samples(self, episode: Episode, samples: list[Sample]) -> None:
         tokens = trained = 0

@@ -8,10 +8,16 @@ for a framework (see `integrations/`) plugs in here:
 * `current_episode()` / `current_agent()`: what the contextvars hold at this point.
 * `ContextThreadPoolExecutor`: a thread pool whose tasks run in the submitter's context (raw
   threads do not copy contextvars; `tito_agents.bind` does it for one function).
+* `captures(client)`: whether a client the framework holds really goes through capture, so an
+  adapter can name an unwrapped client before its calls are lost.
 """
 
 from __future__ import annotations
 
+from typing import Any
+from urllib.parse import urlsplit
+
+from tito_agents._capture import CaptureCore
 from tito_agents.episodes import (
     Attribution,
     ContextThreadPoolExecutor,
@@ -26,8 +32,24 @@ __all__ = [
     "Attribution",
     "ContextThreadPoolExecutor",
     "Resolver",
+    "captures",
     "current_agent",
     "current_episode",
     "register_resolver",
     "unregister_resolver",
 ]
+
+
+def captures(client: Any) -> bool:
+    """Whether `client` (an `openai.OpenAI` / `AsyncOpenAI`) sends its requests through a tito
+    capture transport that treats its own `base_url` host as a vLLM host. False for a client
+    that was never wrapped, or whose host is not among the `vllm_hosts` it was wrapped with."""
+    http_client = getattr(client, "_client", None)
+    base_url = getattr(client, "base_url", None)
+    if http_client is None or base_url is None:
+        return False
+    core = getattr(getattr(http_client, "_transport", None), "core", None)
+    if not isinstance(core, CaptureCore):
+        return False
+    parts = urlsplit(str(base_url))
+    return core.is_vllm_host(parts.hostname or "", parts.port)

@@ -10,10 +10,19 @@ role in its system prompt, and its prompt must carry its own episode's case.
 * translator answers at once.
 
 Each run makes three model calls: triage, specialist, specialist; or manager, translator, manager.
+
+Two more upstream patterns (openai-agents-python's examples/agent_patterns), on agents that name no
+model (the one-line install gives them the served one):
+
+* parallelization: spanish translates (three runs at once), picker picks the best;
+* streamed routing: router hands off by language (`transfer_to_french` when the input says
+  "bonjour", else `transfer_to_english`); french / english answer; the next turn starts at the
+  agent the first ended on.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -25,6 +34,7 @@ from agents import Agent, Model, function_tool
 
 from tito_agents import Call
 from tito_agents.testing.fake_vllm import FakeVLLMServer, RequestView, hermes_tool_call
+from tito_agents.testing.smollm2 import load_tokenizer
 
 _ROLE = re.compile(r"ROLE: (\w+)")
 _CASE = re.compile(r"case-\d+")
@@ -82,6 +92,32 @@ def build_agents(model: str | Model) -> Agents:
         model=model,
     )
     return Agents(triage, billing, weather, manager, translator)
+
+
+@dataclass(frozen=True)
+class MoreAgents:
+    spanish: Agent[Any]
+    picker: Agent[Any]
+    router: Agent[Any]
+
+
+def build_more_agents(model: str | Model | None = None) -> MoreAgents:
+    """The parallelization and routing agents (no model by default, as upstream writes them)."""
+    spanish = Agent(
+        name="spanish", instructions="ROLE: spanish. Translate to Spanish.", model=model
+    )
+    picker = Agent(name="picker", instructions="ROLE: picker. Pick the best one.", model=model)
+    french = Agent(name="french", instructions="ROLE: french. You only speak French.", model=model)
+    english = Agent(
+        name="english", instructions="ROLE: english. You only speak English.", model=model
+    )
+    router = Agent(
+        name="router",
+        instructions="ROLE: router. Hand off by the language of the request.",
+        handoffs=[french, english],
+        model=model,
+    )
+    return MoreAgents(spanish, picker, router)
 
 
 def _text(message: Mapping[str, Any]) -> str:
@@ -142,17 +178,38 @@ def responder(view: RequestView) -> str:
         return f"[manager] {case}: translated."
     if role == "translator":
         return f"[translator] {case}: bonjour."
+    if role == "router":
+        return hermes_tool_call(
+            "transfer_to_french" if "bonjour" in user else "transfer_to_english", {}
+        )
+    if role in ("spanish", "picker", "french", "english"):
+        turns = sum(1 for m in messages if m.get("role") == "user")
+        return f"[{role}] {case}: turn {turns}."
     return json.dumps({"unexpected": role})
 
 
+@functools.cache
+def _tokenizer() -> Any:
+    return load_tokenizer()
+
+
+def prompt_text(call: Call) -> str:
+    """The prompt the server rendered for a call, decoded from its captured ids (the same for the
+    Responses and Chat Completions APIs, which keep no messages on Responses calls)."""
+    return str(_tokenizer().decode(call.prompt_ids.tolist()))
+
+
 def misattributed(call: Call, expected_case: str) -> list[str]:
-    """What is wrong with a call's attribution, judged by its prompt ([] when nothing is)."""
-    messages = call.messages or []
+    """What is wrong with a call's attribution, judged by its prompt ([] when nothing is): the
+    role in its system prompt and the case of its first user turn, read from the ids."""
+    text = prompt_text(call)
+    role = _ROLE.search(text)
+    case = _CASE.search(text)
     problems = []
-    if call.agent != role_of(messages):
-        problems.append(f"{call.call_id}: agent {call.agent!r} but prompt of {role_of(messages)!r}")
-    if case_of(messages) != expected_case:
-        problems.append(f"{call.call_id}: {case_of(messages)} in episode of {expected_case}")
+    if role is None or call.agent != role.group(1):
+        problems.append(f"{call.call_id}: agent {call.agent!r} but prompt of {role}")
+    if case is None or case.group(0) != expected_case:
+        problems.append(f"{call.call_id}: {case} in episode of {expected_case}")
     return problems
 
 

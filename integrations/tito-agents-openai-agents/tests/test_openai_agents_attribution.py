@@ -105,7 +105,7 @@ def test_run_sync_is_captured_in_a_sync_episode(
 
     collector = tito.Collector()
     client = new_client(agents_server)
-    capture = tito_oa.install(collector, client, replace_trace_processors=True)
+    capture = tito_oa.install(collector, client, export_traces=False)
     agents = build_agents(MODEL_NAME)
     # run_sync reuses the thread's default loop and shuts its async generators down after each
     # run, so a second run_sync on one loop warns (an SDK quirk); give each test its own loop.
@@ -127,11 +127,28 @@ def test_run_sync_is_captured_in_a_sync_episode(
     collector.close()
 
 
-async def test_tracing_off_without_the_run_config_still_captures_without_agent(
+async def test_tracing_off_with_a_plain_run_config_is_labelled_by_the_installed_runner(
     capture: tito_oa.AgentsCapture,
 ) -> None:
-    """With tracing off and no tito run config, calls are still captured; only the agent is
-    unknown (the documented reason to pass `capture.run_config()`)."""
+    """With tracing off and the user's own `RunConfig` (no tito run config), the runner `install`
+    made the SDK's default still adds the label filter: every call carries its agent."""
+    agents = build_agents(MODEL_NAME)
+    async with capture.collector.episode() as ep:
+        await Runner.run(
+            agents.triage, "case-5: invoice", run_config=RunConfig(tracing_disabled=True)
+        )
+    assert agents_of(ep) == ["triage", "billing", "billing"]
+    assert [p for c in ep.calls for p in misattributed(c, "case-5")] == []
+
+
+async def test_tracing_off_without_the_installed_runner_captures_without_agent(
+    capture: tito_oa.AgentsCapture,
+) -> None:
+    """Without tito's runner (another default runner, or `set_default=False`) and tracing off,
+    calls are still captured; only the agent is unknown (why `capture.run_config()` exists)."""
+    from agents.run import AgentRunner, set_default_agent_runner
+
+    set_default_agent_runner(AgentRunner())  # restored by the sdk_defaults fixture
     agents = build_agents(MODEL_NAME)
     async with capture.collector.episode() as ep:
         await Runner.run(
@@ -169,8 +186,9 @@ async def test_missing_processor_is_reported_not_guessed(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """If the user replaces the SDK's processors without tito's, calls are still captured, the
-    agent is left unknown rather than guessed, and a warning says how to fix it."""
+    """If the user replaces the SDK's processors without tito's, calls are still captured and
+    labelled by the installed runner's filter (no `agent_path`: that needs the spans), and a
+    warning says how to fix it."""
     from agents.tracing import set_trace_processors
     from tito_agents_openai_agents import _attribution
 
@@ -181,5 +199,6 @@ async def test_missing_processor_is_reported_not_guessed(
             await Runner.run(build_agents(MODEL_NAME).triage, "case-8: invoice")
     finally:
         set_trace_processors([capture.processor])
-    assert agents_of(ep) == [None, None, None]
+    assert agents_of(ep) == ["triage", "billing", "billing"]
+    assert all("agent_path" not in c.labels for c in ep.calls)
     assert "include capture.processor" in caplog.text

@@ -1,4 +1,4 @@
-"""Bad situations: a Responses-API model, an uncaptured host or client, retries."""
+"""Bad situations: mixed APIs, an uncaptured host or client, retries."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from agents import (
     Runner,
     retry_policies,
 )
-from agents.run_config import CallModelData, ModelInputData
 from agents.tracing import agent_span, response_span, trace
 from oa_script import CALLS_PER_RUN, build_agents, misattributed, new_client
 
@@ -22,36 +21,21 @@ from tito_agents.testing.fake_vllm import FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME
 
 
-async def test_responses_model_is_refused_before_any_request(
-    capture: tito_oa.AgentsCapture, agents_server: FakeVLLMServer
+async def test_agents_on_both_apis_in_one_run_are_captured(
+    capture: tito_oa.AgentsCapture, api: str
 ) -> None:
-    """An agent on `OpenAIResponsesModel` fails the run with `ResponsesAPIError` before its call
-    is sent, after the calls of the agents before it were captured."""
+    """A specialist on the other API than the rest (both on the captured client): every call is
+    captured, on its own endpoint, with its agent."""
     agents = build_agents(MODEL_NAME)
-    agents.billing.model = OpenAIResponsesModel(MODEL_NAME, openai_client=capture.client)
-    before = agents_server.stats["/v1/responses"]
-    seen = capture.stats.responses_api_calls
-    with pytest.raises(tito_oa.ResponsesAPIError, match=r"'billing'.*Responses API"):
-        async with capture.collector.episode() as ep:
-            await Runner.run(agents.triage, "case-1: invoice", run_config=capture.run_config())
-    assert agents_server.stats["/v1/responses"] == before
-    assert [c.agent for c in ep.calls] == ["triage"]
-    assert capture.stats.responses_api_calls == seen + 1
-
-
-async def test_responses_model_passes_through_counted_when_allowed(
-    capture: tito_oa.AgentsCapture,
-) -> None:
-    """With uncaptured="count" the label filter lets a Responses-API agent through, counted."""
-    agents = build_agents(MODEL_NAME)
-    agents.billing.model = OpenAIResponsesModel(MODEL_NAME, openai_client=capture.client)
-    config = tito_oa.with_agent_labels(RunConfig(), uncaptured="count")
-    seen = capture.stats.responses_api_calls
-    data = ModelInputData(input=[], instructions="x")
-    assert config.call_model_input_filter is not None
-    out = config.call_model_input_filter(CallModelData(data, agents.billing, None))
-    assert out is data
-    assert capture.stats.responses_api_calls == seen + 1
+    other = OpenAIChatCompletionsModel if api == "responses" else OpenAIResponsesModel
+    agents.billing.model = other(MODEL_NAME, openai_client=capture.client)
+    async with capture.collector.episode() as ep:
+        await Runner.run(agents.triage, "case-1: invoice")
+    calls = sorted(ep.calls, key=lambda c: c.seq)
+    assert [c.agent for c in calls] == ["triage", "billing", "billing"]
+    mine, theirs = ("responses", "chat") if api == "responses" else ("chat", "responses")
+    assert [c.endpoint.value for c in calls] == [mine, theirs, theirs]
+    assert [p for c in calls for p in misattributed(c, "case-1")] == []
 
 
 @pytest.mark.parametrize("how", ["unwrapped client", "host not listed as vLLM"])
@@ -83,7 +67,7 @@ async def test_uncaptured_calls_are_counted_not_raised_when_allowed(
     """With uncaptured="count", an uncaptured specialist passes through: counted, no error."""
     collector = tito.Collector()
     client = new_client(agents_server)
-    capture = tito_oa.install(collector, client, uncaptured="count", replace_trace_processors=True)
+    capture = tito_oa.install(collector, client, uncaptured="count", export_traces=False)
     other = new_client(agents_server)
     agents = build_agents(MODEL_NAME)
     agents.billing.model = OpenAIChatCompletionsModel(MODEL_NAME, openai_client=other)
@@ -135,7 +119,7 @@ async def test_sdk_retries_make_no_duplicate_samples(
     on the client copy the SDK makes for the retry, labelled with its agent."""
     collector = tito.Collector()
     client = new_client(agents_server, max_retries=0)
-    capture = tito_oa.install(collector, client, replace_trace_processors=True)
+    capture = tito_oa.install(collector, client, export_traces=False)
     retry = ModelRetrySettings(max_retries=2, policy=retry_policies.http_status([503]))
     config = capture.run_config(RunConfig(model_settings=ModelSettings(retry=retry)))
     faults = agents_server.faults
@@ -151,3 +135,70 @@ async def test_sdk_retries_make_no_duplicate_samples(
     assert [p for c in ep.calls for p in misattributed(c, "case-5")] == []
     assert len(collector.sink.samples) == CALLS_PER_RUN  # type: ignore[attr-defined]
     assert capture.stats.uncaptured_calls == uncaptured
+
+
+async def test_upstream_vllm_pattern_with_its_own_client_is_named_before_the_call(
+    capture: tito_oa.AgentsCapture,
+    agents_server: FakeVLLMServer,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Upstream's custom-model example: an agent on `OpenAIChatCompletionsModel` with its own
+    `AsyncOpenAI`, tracing disabled. Tito cannot capture that client, so the label filter names the
+    agent and the client's URL with the fix, the episode fails instead of ending with 0 samples,
+    and the empty episode is counted."""
+    from agents import set_tracing_disabled
+    from tito_agents_openai_agents import _stats
+
+    monkeypatch.setattr(_stats, "_WARNED", set())  # logged once per agent per process
+    own = new_client(agents_server)  # the example's client, never wrapped
+    set_tracing_disabled(True)  # restored by the sdk_defaults fixture
+    agent = build_agents(MODEL_NAME).translator
+    agent.model = OpenAIChatCompletionsModel(model=MODEL_NAME, openai_client=own)
+    with pytest.raises(tito.EpisodeCaptureError) as caught:
+        async with capture.collector.episode() as ep:
+            await Runner.run(agent, "case-9: hello")
+    await own.close()
+    [error] = caught.value.errors
+    assert isinstance(error, tito_oa.UncapturedModelCallError)
+    assert (error.agent, error.client_url) == ("translator", str(own.base_url))
+    assert "collector.wrap(client)" in str(error)
+    assert ep.calls == [] and capture.collector.stats.empty_episodes == 1
+    assert (
+        f"agent 'translator' goes through an AsyncOpenAI client for {own.base_url}" in caplog.text
+    )
+    assert "no captured call" in caplog.text
+
+
+async def test_same_pattern_is_captured_once_the_client_is_installed(
+    agents_server: FakeVLLMServer,
+) -> None:
+    """The fix the error names: `install(collector, client)` on the example's own client."""
+    from agents import set_tracing_disabled
+
+    own = new_client(agents_server)
+    collector = tito.Collector()
+    tito_oa.install(collector, own)
+    set_tracing_disabled(True)
+    agent = build_agents(MODEL_NAME).translator
+    agent.model = OpenAIChatCompletionsModel(model=MODEL_NAME, openai_client=own)
+    async with collector.episode() as ep:
+        await Runner.run(agent, "case-10: hello")
+    await own.close()
+    assert [c.agent for c in ep.calls] == ["translator"]
+
+
+async def test_streamed_run_started_before_the_episode_is_reported_by_agent(
+    capture: tito_oa.AgentsCapture, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`Runner.run_streamed` called before `collector.episode()` copies a context with no episode:
+    its calls land outside any episode, and the episode's end says so, naming the agents."""
+    agents = build_agents(MODEL_NAME)
+    result = Runner.run_streamed(agents.triage, "case-11: invoice")  # too early
+    async with capture.collector.episode("late") as ep:
+        async for _ in result.stream_events():
+            pass
+    assert ep.calls == [] and capture.collector.stats.empty_episodes == 1
+    assert "'late' ended with no captured call, while 3 calls" in caplog.text
+    assert "'billing': 2" in caplog.text and "'triage': 1" in caplog.text
+    assert "Runner.run_streamed" in caplog.text

@@ -22,6 +22,7 @@ from agents import (
     Model,
     ModelProvider,
     MultiProvider,
+    OpenAIChatCompletionsModel,
     OpenAIProvider,
     OpenAIResponsesModel,
     RunConfig,
@@ -29,10 +30,10 @@ from agents import (
 from agents.run_config import CallModelData, CallModelInputFilter, ModelInputData
 from agents.tracing import get_current_span
 
-from tito_agents.integration import Attribution, register_resolver
-from tito_agents_openai_agents._errors import ResponsesAPIError
+from tito_agents.integration import Attribution, captures, register_resolver
+from tito_agents_openai_agents._providers import DefaultModelProvider, TitoModelProvider
 from tito_agents_openai_agents._spans import AgentSpanTracker
-from tito_agents_openai_agents._stats import STATS, Uncaptured, logger
+from tito_agents_openai_agents._stats import STATS, logger, record_uncaptured
 
 TRACKER = AgentSpanTracker()
 """The process's one span map; `install` registers it with the SDK's tracing."""
@@ -58,10 +59,10 @@ def resolve_agent() -> Attribution | None:
                 agent=owner.name,
                 labels={"agent_path": owner.path, "agents_trace_id": owner.trace_id},
             )
+    if span is not None and span.span_id != "no-op" and not TRACKER.is_tracked(span.span_id):
+        _warn_untracked()
     name = _FILTER_AGENT.get()
     if name is None:
-        if span is not None and span.span_id != "no-op" and not TRACKER.is_tracked(span.span_id):
-            _warn_untracked()
         return None
     STATS.count_label(by_span=False)
     return Attribution(agent=name)
@@ -73,8 +74,9 @@ def _warn_untracked() -> None:
     if not _warned_untracked:
         _warned_untracked = True
         logger.warning(
-            "a captured request ran inside an Agents SDK span that tito's span map does not know; "
-            "if you call agents.set_trace_processors(...), include capture.processor"
+            "a captured request ran inside an Agents SDK span that tito's span map does not know "
+            "(no agent_path, no detection of uncaptured calls from tracing); if you call "
+            "agents.set_trace_processors(...), include capture.processor"
         )
 
 
@@ -90,8 +92,13 @@ def _resolved_model(agent: Agent[Any], run_config: RunConfig) -> Model | None:
     else:
         name = agent.model
     provider: ModelProvider = run_config.model_provider
-    # Only the SDK's own OpenAI providers are asked again: they build the model without I/O.
-    if not isinstance(provider, MultiProvider | OpenAIProvider):
+    # Only known providers are asked again: they build the model without I/O (tito's may read the
+    # server's model list once, which the SDK's own call right after needs anyway).
+    if isinstance(provider, DefaultModelProvider) and name is not None:
+        provider = provider.inner
+    if not isinstance(
+        provider, MultiProvider | OpenAIProvider | TitoModelProvider | DefaultModelProvider
+    ):
         return None
     try:
         return provider.get_model(name)
@@ -99,34 +106,49 @@ def _resolved_model(agent: Agent[Any], run_config: RunConfig) -> Model | None:
         return None
 
 
+def _unwrapped_client_url(model: Model | None) -> str | None:
+    """The base URL of an OpenAI model's client when tito does not capture it, else None."""
+    if not isinstance(model, OpenAIChatCompletionsModel | OpenAIResponsesModel):
+        return None
+    client = getattr(model, "_client", None)
+    if client is None or captures(client):
+        return None
+    return str(client.base_url)
+
+
+def _spans_will_see_it() -> bool:
+    """Whether tito's span map will see the coming model call (tracing on, processor registered):
+    it then reports an uncaptured call itself, when the call's span ends."""
+    span = get_current_span()
+    return span is not None and TRACKER.is_tracked(span.span_id)
+
+
 class AgentLabelFilter:
-    """A `call_model_input_filter`: labels the coming model call with its agent, refuses a
-    Responses-API model (policy "error"), then runs the user's own filter, if any."""
+    """A `call_model_input_filter`: labels the coming model call with its agent, reports a model
+    on an unwrapped client by name (when tracing will not), then runs the user's own filter."""
 
     def __init__(
         self,
         run_config: RunConfig,
         inner: CallModelInputFilter | None,
-        uncaptured: Uncaptured,
     ) -> None:
         self.run_config = run_config
         self.inner = inner
-        self.uncaptured = uncaptured
 
     def __call__(self, data: CallModelData[Any]) -> ModelInputData | Awaitable[ModelInputData]:
         agent = data.agent
         model = _resolved_model(agent, self.run_config)
-        if isinstance(model, OpenAIResponsesModel):
-            STATS.count_responses_api()
-            if self.uncaptured == "error":
-                raise ResponsesAPIError(agent.name, str(model.model))
+        unwrapped = _unwrapped_client_url(model)
+        if unwrapped is not None and not _spans_will_see_it():
+            kind = "response" if isinstance(model, OpenAIResponsesModel) else "generation"
+            record_uncaptured(agent.name, kind, unwrapped)
         _FILTER_AGENT.set(agent.name)  # in the run's task, just before the model call
         if self.inner is None:
             return data.model_data
         return self.inner(data)
 
 
-def with_agent_labels(run_config: RunConfig, *, uncaptured: Uncaptured = "error") -> RunConfig:
+def with_agent_labels(run_config: RunConfig) -> RunConfig:
     """A copy of `run_config` whose model-input filter labels every model call with its agent,
     composed with the filter it already had (applying it twice keeps one label filter)."""
     register_resolver(resolve_agent)  # idempotent: the filter's labels need it
@@ -134,5 +156,5 @@ def with_agent_labels(run_config: RunConfig, *, uncaptured: Uncaptured = "error"
     inner = run_config.call_model_input_filter
     if isinstance(inner, AgentLabelFilter):
         inner = inner.inner
-    config.call_model_input_filter = AgentLabelFilter(config, inner, uncaptured)
+    config.call_model_input_filter = AgentLabelFilter(config, inner)
     return config

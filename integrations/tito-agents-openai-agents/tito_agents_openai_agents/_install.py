@@ -1,54 +1,37 @@
-"""`install`: one call that makes the Agents SDK's model calls go through a capturing client, on
-the chat-completions path, with every call labelled with its agent.
+"""`install`: one call that makes the Agents SDK's model calls go through a capturing client,
+with every call labelled with its agent.
 
 Capture itself is the core's: the integration wraps the `AsyncOpenAI` client with
-`collector.wrap` and tells the SDK to use it. Why chat completions: vLLM returns
-`prompt_token_ids` / `token_ids` only there; the SDK's default model (`OpenAIResponsesModel`) calls
-the Responses API, whose vLLM responses carry no ids, and the SDK's `ModelResponse` keeps none.
+`collector.wrap` and tells the SDK to use it. The SDK's default model (`OpenAIResponsesModel`,
+the Responses API) is captured as it is (vLLM returns the ids with `enable_response_messages`,
+which capture adds); `api="chat_completions"` selects `OpenAIChatCompletionsModel` instead.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from agents import (
-    Model,
-    ModelProvider,
-    OpenAIChatCompletionsModel,
     RunConfig,
     set_default_openai_api,
     set_default_openai_client,
 )
-from agents.tracing import add_trace_processor, set_trace_processors
+from agents.run import AgentRunner, get_default_agent_runner, set_default_agent_runner
+from agents.tracing import TracingProcessor, get_trace_provider, set_trace_processors
+from agents.tracing.processors import default_processor
 from openai import AsyncOpenAI
 
 import tito_agents.integration
 from tito_agents import Collector, ConfigurationError
 from tito_agents_openai_agents._attribution import TRACKER, resolve_agent, with_agent_labels
+from tito_agents_openai_agents._providers import Api, DefaultModelProvider, TitoModelProvider
+from tito_agents_openai_agents._runner import TitoAgentRunner
 from tito_agents_openai_agents._spans import AgentSpanTracker
-from tito_agents_openai_agents._stats import STATS, AgentsStats, Uncaptured, set_policy
+from tito_agents_openai_agents._stats import STATS, AgentsStats, Uncaptured, logger, set_policy
 
 _REGISTRATION = threading.Lock()
-_processor_added = False
-
-
-class TitoModelProvider(ModelProvider):
-    """A `ModelProvider` for `RunConfig(model_provider=...)`: every model name resolves to an
-    `OpenAIChatCompletionsModel` on one (wrapped) client. Unlike the SDK's default provider it
-    never reads "prefix/" in a name as a provider, so vLLM names like "org/model" work."""
-
-    def __init__(self, client: AsyncOpenAI, *, default_model: str | None = None) -> None:
-        self.client = client
-        self.default_model = default_model
-
-    def get_model(self, model_name: str | None) -> Model:
-        name = model_name or self.default_model
-        if not name:
-            raise ConfigurationError(
-                "an agent has no model name: give Agent(model=...) or install(..., model=...)"
-            )
-        return OpenAIChatCompletionsModel(model=name, openai_client=self.client)
 
 
 class AgentsCapture:
@@ -56,9 +39,9 @@ class AgentsCapture:
     model calls when tracing is off.
 
     `client` is the `AsyncOpenAI` every captured call goes through; `provider` resolves model names
-    to chat-completions models on it; `processor` is the tracing processor that names agents
-    (include it if you call `agents.set_trace_processors` yourself); `stats` counts labels and
-    uncaptured calls (process-wide).
+    to models on it (Responses, or Chat Completions with `api="chat_completions"`); `processor` is
+    the tracing processor that names agents (include it if you call `agents.set_trace_processors`
+    yourself); `stats` counts labels and uncaptured calls (process-wide).
     """
 
     def __init__(
@@ -67,12 +50,13 @@ class AgentsCapture:
         client: AsyncOpenAI,
         *,
         default_model: str | None,
+        api: Api = "responses",
         uncaptured: Uncaptured,
         owns_client: bool,
     ) -> None:
         self.collector = collector
         self.client = client
-        self.provider = TitoModelProvider(client, default_model=default_model)
+        self.provider = TitoModelProvider(client, default_model=default_model, api=api)
         self.uncaptured: Uncaptured = uncaptured
         self._owns_client = owns_client
 
@@ -87,12 +71,25 @@ class AgentsCapture:
     def run_config(self, base: RunConfig | None = None, *, use_provider: bool = True) -> RunConfig:
         """A `RunConfig` for `Runner.run*`: `base` (or a default one) with the capturing provider
         (unless `use_provider=False`, to keep `base.model_provider`) and a model-input filter that
-        labels each call with its agent, composed with `base`'s own filter. Needed when tracing is
-        disabled; harmless when it is on."""
+        labels each call with its agent, composed with `base`'s own filter. Only needed with
+        `install(..., set_default=False)`: otherwise every run gets it (see `complete`)."""
         config = base if base is not None else RunConfig()
-        config = with_agent_labels(config, uncaptured=self.uncaptured)
+        config = with_agent_labels(config)
         if use_provider:
             config.model_provider = self.provider
+        return config
+
+    def complete(self, given: Any) -> Any:
+        """The run config the installed runner uses for a run given `given`: none → `run_config()`;
+        a `RunConfig` keeps its own provider (agents naming no model get the installed model) and
+        gets the label filter; a dict passes as given (the SDK coerces it)."""
+        if given is None:
+            return self.run_config()
+        if not isinstance(given, RunConfig):
+            return given
+        config = with_agent_labels(given)
+        if not isinstance(config.model_provider, TitoModelProvider | DefaultModelProvider):
+            config.model_provider = DefaultModelProvider(config.model_provider, self.provider)
         return config
 
     async def aclose(self) -> None:
@@ -101,17 +98,37 @@ class AgentsCapture:
             await self.client.close()
 
 
-def _register(replace_trace_processors: bool) -> None:
-    """Register the span map with the SDK's tracing and the resolver with the core, once."""
-    global _processor_added
+def _trace_processors() -> list[TracingProcessor]:
+    """The SDK's registered tracing processors (it has no public getter; [] if unreadable)."""
+    multi = getattr(get_trace_provider(), "_multi_processor", None)
+    return list(getattr(multi, "_processors", ()))
+
+
+def _register(export_traces: bool | None) -> None:
+    """Register the span map with the SDK's tracing, with the SDK's exporter to OpenAI kept
+    (True), dropped (False) or left as it is (None); and the resolver with the core."""
     with _REGISTRATION:
-        if replace_trace_processors:
-            set_trace_processors([TRACKER])
-            _processor_added = True
-        elif not _processor_added:
-            add_trace_processor(TRACKER)
-            _processor_added = True
+        exporter = default_processor()
+        current = _trace_processors()
+        if export_traces is None:
+            export_traces = exporter in current
+        others = [p for p in current if p is not TRACKER and p is not exporter]
+        set_trace_processors(([exporter] if export_traces else []) + others + [TRACKER])
     tito_agents.integration.register_resolver(resolve_agent)
+
+
+def _install_runner(capture: AgentsCapture) -> None:
+    """Make `Runner.run*` complete every run's config (see `_runner`), unless the user set a
+    default runner of their own."""
+    current = get_default_agent_runner()
+    if type(current) is AgentRunner or isinstance(current, TitoAgentRunner):
+        set_default_agent_runner(TitoAgentRunner(capture.complete))
+    else:
+        logger.warning(
+            "a custom default AgentRunner (%s) is set: tito leaves it; pass "
+            "run_config=capture.run_config() to each run",
+            type(current).__name__,
+        )
 
 
 def install(
@@ -122,8 +139,9 @@ def install(
     api_key: str = "EMPTY",
     vllm_hosts: Iterable[str] | None = None,
     model: str | None = None,
+    api: Api = "responses",
     set_default: bool = True,
-    replace_trace_processors: bool = False,
+    export_traces: bool | None = None,
     uncaptured: Uncaptured = "error",
 ) -> AgentsCapture:
     """Capture every Agents SDK model call with `collector`, labelled with its agent.
@@ -131,18 +149,22 @@ def install(
     client / base_url: the `AsyncOpenAI` to capture (wrapped in place), or the vLLM URL to build one
         for. Exactly one is required.
     vllm_hosts: hosts that run vLLM (default: the client's host); see `Collector.wrap`.
-    model: the model name for agents that name none (used by `capture.provider`).
+    model: the model of agents that name none (default: the first model the server lists, read
+        when first needed).
+    api: "responses" (the SDK's default `OpenAIResponsesModel`, captured as it is) or
+        "chat_completions" (`OpenAIChatCompletionsModel`); exact ids on both.
     set_default: make the client the SDK's default (`set_default_openai_client(...,
-        use_for_tracing=False)`) and select chat completions (`set_default_openai_api`), so agents
-        with string model names need nothing else. False: touch no SDK default; pass
-        `run_config=capture.run_config()` to each run instead.
-    replace_trace_processors: make the span map the SDK's only tracing processor, which also stops
-        trace export to OpenAI (the usual reason to disable tracing with vLLM) while agent labels
-        keep working. False adds it beside the existing processors.
+        use_for_tracing=False)`), select `api` (`set_default_openai_api`) and make
+        `Runner.run` / `run_sync` / `run_streamed` use the capture's run config, so plain SDK code
+        needs nothing else. False: touch no SDK default; pass `run_config=capture.run_config()` to
+        each run instead.
+    export_traces: keep the SDK's trace export to OpenAI (True) or drop it (False). Default
+        (None): off when the client's host is a vLLM host (a vLLM key cannot upload traces; the
+        SDK would retry and fail), left as it is otherwise. Agent labels come from tracing
+        either way: tito's span map stays registered.
     uncaptured: what a model call that escapes capture does ("error" or "count", see `Uncaptured`).
 
-    Calling it again (another collector or client) re-points the defaults; the span map and the
-    resolver are registered once per process.
+    Calling it again (another collector or client) re-points the defaults.
     """
     if (client is None) == (base_url is None):
         raise ConfigurationError("install() needs exactly one of client= or base_url=")
@@ -156,10 +178,19 @@ def install(
         )
     collector.wrap(client, vllm_hosts=vllm_hosts)
     set_policy(collector, uncaptured)
-    _register(replace_trace_processors)
+    if export_traces is None and tito_agents.integration.captures(client):
+        export_traces = False
+    _register(export_traces)
+    capture = AgentsCapture(
+        collector,
+        client,
+        default_model=model,
+        api=api,
+        uncaptured=uncaptured,
+        owns_client=owns_client,
+    )
     if set_default:
         set_default_openai_client(client, use_for_tracing=False)
-        set_default_openai_api("chat_completions")
-    return AgentsCapture(
-        collector, client, default_model=model, uncaptured=uncaptured, owns_client=owns_client
-    )
+        set_default_openai_api(api)
+        _install_runner(capture)
+    return capture

@@ -22,8 +22,8 @@ logger = logging.getLogger("tito_agents.openai_agents")
 
 Uncaptured = Literal["error", "count"]
 """"error": an uncaptured model call inside an episode is an error of that episode (its exit raises
-`EpisodeCaptureError` under the collector's default error policy) and a Responses-API model is
-refused before its call; "count": such calls pass through, counted and logged once per agent."""
+`EpisodeCaptureError` under the collector's default error policy); "count": such calls pass
+through, counted and logged once per agent."""
 
 _POLICIES: weakref.WeakKeyDictionary[CaptureSettings, Uncaptured] = weakref.WeakKeyDictionary()
 """Per collector (keyed on its settings object, which its episodes carry)."""
@@ -43,8 +43,6 @@ class AgentsStats:
     uncaptured_calls: int = 0
     """Model calls seen in tracing spans that sent no captured request (no sample)."""
     uncaptured_by_agent: dict[str | None, int] = field(default_factory=dict)
-    responses_api_calls: int = 0
-    """Model calls of Responses-API models seen by the model-input filter (refused or passed)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count_label(self, *, by_span: bool) -> None:
@@ -63,10 +61,6 @@ class AgentsStats:
             self.uncaptured_calls += 1
             self.uncaptured_by_agent[agent] = self.uncaptured_by_agent.get(agent, 0) + 1
 
-    def count_responses_api(self) -> None:
-        with self._lock:
-            self.responses_api_calls += 1
-
     def as_dict(self) -> dict[str, object]:
         with self._lock:
             return {
@@ -75,7 +69,6 @@ class AgentsStats:
                 "model_calls": self.model_calls,
                 "uncaptured_calls": self.uncaptured_calls,
                 "uncaptured_by_agent": dict(self.uncaptured_by_agent),
-                "responses_api_calls": self.responses_api_calls,
             }
 
 
@@ -97,21 +90,17 @@ def policy_for(collector: Collector | None) -> Uncaptured:
     return _POLICIES.get(collector.settings, "error")
 
 
-def record_uncaptured(agent: str | None, kind: str) -> None:
-    """A model call of `agent` ended without a captured request: count it, log it once per agent,
-    and make it an error of the current episode unless its collector lets such calls pass."""
+def record_uncaptured(agent: str | None, kind: str, client_url: str | None = None) -> None:
+    """A model call of `agent` ended (or is about to go out) without capture: count it, log it
+    once per agent with the fix, and make it an error of the current episode unless its collector
+    lets such calls pass. `client_url`: the base URL of the unwrapped client, when known."""
     STATS.count_uncaptured(agent)
+    error = UncapturedModelCallError(agent, kind, client_url)
     episode = tito_agents.current_episode()
     policy = _POLICIES.get(episode.settings, "error") if episode is not None else "error"
     key = (agent, kind)
     if key not in _WARNED:
         _WARNED.add(key)
-        logger.warning(
-            "a %s call of agent %r was not captured (no token ids); see "
-            "tito_agents_openai_agents docs: 'Bad situations'",
-            kind,
-            agent,
-        )
+        logger.warning("%s (counted in capture.stats.uncaptured_by_agent)", error)
     if episode is not None and policy == "error" and not episode.closed:
-        # Episode.errors is the list its exit reports (EpisodeCaptureError); list.append is atomic.
-        episode.add_error(UncapturedModelCallError(agent, kind))
+        episode.add_error(error)

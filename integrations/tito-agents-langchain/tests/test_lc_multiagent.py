@@ -2,36 +2,35 @@
 that takes handoffs (`handoff_responder`): every call captured, in its run's episode, labelled with
 the agent LangGraph itself says made it, and merged samples one per agent per trajectory.
 
-The reference is the framework's own trace: each run is streamed with `subgraphs=True`, and every
-`AIMessage` a model produced comes with the node that produced it and, for agents, its `name`
-(`create_agent` and `create_react_agent` name their messages); `attach_ids` put the captured call's
-id on it. Patterns: langgraph-supervisor (`create_supervisor`), the supervisor with experts as tools
+The reference is the framework's own trace (lc_multiagent.py: LangGraph's stream with subgraphs,
+the node and `AIMessage.name` of every model message). Patterns: langgraph-supervisor
+(`create_supervisor`), the supervisor with experts as tools
 (examples/langgraph_multiagent_supervisor.py), langgraph-swarm handoffs
 (examples/langgraph_multiagent_swarm.py), hierarchical teams, and `Send` fan-out.
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import operator
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_openai import ChatOpenAI
 from langgraph.graph import START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Send
 from langgraph_supervisor import create_supervisor
+from lc_multiagent import run_concurrently
 from lc_support import MakeModel, responder
-from tito_agents_langchain import TitoCallbackHandler, call_id_of, wrap
+from tito_agents_langchain import wrap
 
 import tito_agents as tito
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
@@ -48,98 +47,8 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
-@dataclass
-class Traced:
-    """What the framework reported for one run: the agent of each captured call, by call id."""
-
-    episode_id: str
-    history: set[str] = field(default_factory=set)
-    """Call ids of earlier turns on the same thread: their messages come back in the state."""
-    agents: dict[str, str] = field(default_factory=dict)
-    uncaptured: int = 0
-
-
-async def traced_run(
-    app: CompiledStateGraph[Any], task: dict[str, Any], config: RunnableConfig, trace: Traced
-) -> None:
-    """Stream one run with its subgraphs; note the agent of every model-made message: its
-    `name`, else (a plain graph) the node whose update carried it."""
-    async for _namespace, update in app.astream(
-        task, config=config, stream_mode="updates", subgraphs=True
-    ):
-        for node, delta in update.items():
-            messages = delta.get("messages", []) if isinstance(delta, dict) else []
-            for message in messages if isinstance(messages, list) else [messages]:
-                if not isinstance(message, AIMessage) or _synthetic(message):
-                    continue
-                call_id = call_id_of(message)
-                if call_id is None:
-                    trace.uncaptured += 1
-                elif call_id not in trace.history:
-                    trace.agents[call_id] = message.name or node
-
-
-def _synthetic(message: BaseMessage) -> bool:
-    """Messages a handoff writes without any model call (langgraph-supervisor's transfer back)."""
-    return bool(message.response_metadata.get("__is_handoff_back"))
-
-
-@dataclass
-class Outcome:
-    """Every run's trace against its episode's calls, then the merged samples."""
-
-    lost: int
-    wrong_episode: int
-    wrong_agent: int
-    paths: dict[str, set[str]]
-    merged: Counter[tuple[str, str | None]]
-    calls: Counter[tuple[str, str | None]]
-
-
-async def run_concurrently(
-    collector: tito.Collector,
-    fake_server: FakeVLLMServer,
-    runs: list[tuple[CompiledStateGraph[Any], list[tuple[dict[str, Any], RunnableConfig]]]],
-) -> Outcome:
-    """Run each (app, turns) concurrently, one episode per turn, and compare with the trace."""
-    handler = TitoCallbackHandler(collector, await_reward=True)
-    requests_before = fake_server.stats.requests["/v1/chat/completions"]
-    traces: list[Traced] = []
-
-    async def one(app: CompiledStateGraph[Any], turns: list[Any]) -> None:
-        seen: set[str] = set()
-        for task, config in turns:
-            trace = Traced(config["metadata"]["episode_id"], history=set(seen))
-            traces.append(trace)
-            await traced_run(app, task, {**config, "callbacks": [handler]}, trace)
-            seen |= set(trace.agents)
-
-    await asyncio.gather(*(one(app, turns) for app, turns in runs))
-    episodes = {e.episode_id: e for e in handler.pending_episodes}
-    requests = fake_server.stats.requests["/v1/chat/completions"] - requests_before
-    captured = [c for e in episodes.values() for c in e.calls]
-    traced = sum(len(t.agents) + t.uncaptured for t in traces)
-    wrong_episode = wrong_agent = 0
-    paths: dict[str, set[str]] = {}
-    calls: Counter[tuple[str, str | None]] = Counter()
-    for trace in traces:
-        own = {c.call_id: c for c in episodes[trace.episode_id].calls}
-        wrong_episode += len(set(trace.agents) - set(own)) + len(set(own) - set(trace.agents))
-        for call_id, agent in trace.agents.items():
-            call = own.get(call_id)
-            if call is None:
-                continue
-            wrong_agent += call.agent != agent
-            paths.setdefault(agent, set()).add(str(call.labels.get("agent_path")))
-            calls[(trace.episode_id, call.agent)] += 1
-    assert handler.finish_pending() == len(traces)
-    merged = Counter(
-        (s.episode_id, s.agent)
-        for s in collector.sink.samples  # type: ignore[attr-defined]
-    )
-    lost = abs(requests - len(captured)) + abs(traced - len(captured))
-    lost += sum(t.uncaptured for t in traces)
-    return Outcome(lost, wrong_episode, wrong_agent, paths, merged, calls)
+def chat_requests(server: FakeVLLMServer) -> Callable[[], int]:
+    return lambda: server.stats.requests["/v1/chat/completions"]
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +107,7 @@ async def test_langgraph_supervisor(
     model = wrap(make_model(), merged_collector)
     app = create_supervisor(experts(model), model=model, prompt="Route the work.").compile()
     runs = [(app, [turn(ASK_BOTH, f"sup-{i}")]) for i in range(RUNS)]
-    outcome = await run_concurrently(merged_collector, fake_server, runs)
+    outcome = await run_concurrently(merged_collector, runs, chat_requests(fake_server))
     assert (outcome.lost, outcome.wrong_episode, outcome.wrong_agent) == (0, 0, 0)
     assert outcome.paths == {
         "supervisor": {"supervisor"},
@@ -218,7 +127,7 @@ async def test_supervisor_with_experts_as_tools_example(
     example = load_example("langgraph_multiagent_supervisor")
     app = example.build_supervisor(wrap(make_model(), merged_collector))
     runs = [(app, [turn(ASK_BOTH, f"tools-{i}")]) for i in range(RUNS)]
-    outcome = await run_concurrently(merged_collector, fake_server, runs)
+    outcome = await run_concurrently(merged_collector, runs, chat_requests(fake_server))
     assert (outcome.lost, outcome.wrong_episode, outcome.wrong_agent) == (0, 0, 0)
     assert outcome.paths == {
         "supervisor": {"supervisor"},
@@ -244,7 +153,7 @@ async def test_swarm_handoffs_example(
             turn("what's 5 + 7?", f"swarm-{i}-1", **thread),
         ]
         runs.append((app, turns))
-    outcome = await run_concurrently(merged_collector, fake_server, runs)
+    outcome = await run_concurrently(merged_collector, runs, chat_requests(fake_server))
     assert (outcome.lost, outcome.wrong_episode, outcome.wrong_agent) == (0, 0, 0)
     assert outcome.paths == {"Alice": {"Alice"}, "Bob": {"Bob"}}
     for i in range(RUNS):  # turn 0: Alice hands off, Bob answers; turn 1: Bob, then Alice x2
@@ -272,7 +181,7 @@ async def test_hierarchical_teams(
     ).compile()
     text = f"{ASK_BOTH} The research_team first, then the writing_team asks the writer."
     runs = [(app, [turn(text, f"teams-{i}")]) for i in range(RUNS)]
-    outcome = await run_concurrently(merged_collector, fake_server, runs)
+    outcome = await run_concurrently(merged_collector, runs, chat_requests(fake_server))
     assert (outcome.lost, outcome.wrong_episode, outcome.wrong_agent) == (0, 0, 0)
     assert outcome.paths == {
         "top_supervisor": {"top_supervisor"},
@@ -314,7 +223,7 @@ async def test_send_fan_out(
     runs = [
         (app, [({"topics": topics, "messages": []}, turn("", f"fan-{i}")[1])]) for i in range(RUNS)
     ]
-    outcome = await run_concurrently(merged_collector, fake_server, runs)
+    outcome = await run_concurrently(merged_collector, runs, chat_requests(fake_server))
     assert (outcome.lost, outcome.wrong_episode, outcome.wrong_agent) == (0, 0, 0)
     assert outcome.paths == {"worker": {"worker"}, "summarizer": {"summarizer"}}
     for i in range(RUNS):

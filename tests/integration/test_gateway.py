@@ -238,3 +238,21 @@ def test_client_disconnect_mid_stream_is_incomplete_and_cancels_upstream(
     assert fake.stats.disconnects == before + 1  # the gateway dropped the upstream request
     report = control.close("ep-cut")
     assert (report["calls"], report["incomplete"], report["samples"]) == (1, 1, 0)
+
+
+def test_responses_api_is_forwarded_and_captured_like_chat(served: ServedGateway) -> None:
+    """`/v1/responses` goes through the same generic route: captured as the core captures it."""
+    control = served.control()
+    control.open("ep-resp")
+    with client_for(served.url + "/episodes/ep-resp/v1") as client:
+        reply = client.responses.create(
+            model=MODEL_NAME, input="Say something.", max_output_tokens=16
+        )
+        assert reply.output_text.startswith("You said: Say something.")
+        stream = client.responses.create(
+            model=MODEL_NAME, input="Say more.", max_output_tokens=16, stream=True
+        )
+        kinds = [event.type for event in stream]
+    assert kinds[-1] == "response.completed"
+    report = control.close("ep-resp")
+    assert (report["calls"], report["complete"], report["samples"]) == (2, 2, 2), report

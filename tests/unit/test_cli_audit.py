@@ -23,7 +23,9 @@ from tito_agents.cli._audit_cases import (
     expected_content,
     head,
 )
+from tito_agents.cli._audit_format import format_report
 from tito_agents.cli._render import PLACEHOLDER_SPECIAL_TOKENS, load_renderer
+from tito_agents.cli._term import Painter
 from tito_agents.cli.audit import AuditReport, CaseResult, audit_template
 from tito_agents.testing.smollm2 import TOOLS_TEMPLATE_PATH, load_tokenizer, tokenizer_dir
 
@@ -256,6 +258,9 @@ def test_deepseek_r1_generation_prompt_opens_a_reasoning_block() -> None:
     # It renders no tool calls either (trl's supports_tool_calling says the same).
     dropped = [r for r in generation if r.verdict == "drops"]
     assert dropped and all(r.case.tool_calls for r in dropped)
+    text = format_report(report, Painter(False))
+    breaks = sum(r.prefix_verdict == "fail" for r in report.results if r.verdict == "drops")
+    assert breaks and f"the prefix also breaks in {breaks} (see --json)" in text
 
 
 def test_template_refusals_are_not_failures() -> None:

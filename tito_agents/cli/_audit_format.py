@@ -49,10 +49,12 @@ def format_report(report: AuditReport, paint: Painter, *, verbose: bool = False)
             drops.setdefault(tuple(result.missing or ()), []).append(result)
     for missing, group in drops.items():
         names = ", ".join(r.case.case_id for r in group)
+        prefix_fails = sum(r.prefix_verdict == "fail" for r in group)
+        also = f"; the prefix also breaks in {prefix_fails} (see --json)" if prefix_fails else ""
         lines += [
             "",
             paint("drops content: ", "red", "bold")
-            + f"{len(group)} case(s) render without the {', '.join(missing)}",
+            + f"{len(group)} case(s) render without the {', '.join(missing)}{also}",
             paint(f"  cases: {names}", "grey"),
         ]
         hint = group[0].hint

@@ -291,3 +291,20 @@ def test_retried_responses_request_yields_one_call() -> None:
     assert len(replay.received) == 3
     assert [c.status for c in ep.calls] == [tito.CallStatus.COMPLETE]
     assert collector.stats.failed_attempts == 2
+
+
+def test_a_session_episode_renders_responses_calls_on_the_server() -> None:
+    """Token-in sessions cover chat completions: a Responses call in a session episode is sent
+    as it came (no token prompt) and marked a fallback with the reason; its ids stay exact."""
+    cap = load_capture("real/responses_multi_turn_tool")
+    replay = Replay([cap])
+    client, _ = replay_clients(replay)
+    collector = tito.Collector(capture_logprobs=True)
+    collector.wrap(client, sessions=True)
+    with collector.episode() as ep:
+        run_sync(client, cap)
+    (call,) = ep.calls
+    assert call.status is tito.CallStatus.COMPLETE
+    assert call.session == "fallback" and "chat completions only" in (call.session_reason or "")
+    assert "kv_transfer_params" not in replay.received[0]
+    check_call(call, cap, logprobs=True)

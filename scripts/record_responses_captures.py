@@ -2,7 +2,9 @@
 vLLM (`python3 scripts/vllm_server.py start`; TITO_VLLM_PORT, default 8765).
 
 Same file format as the other captures: `POST <path>`, `REQUEST: <json>`, `STATUS: <code>`, a blank
-line, the body exactly as received. Greedy sampling, so a re-recording gives the same ids."""
+line, the body exactly as received. Greedy sampling, so a re-recording gives the same ids.
+`--store` records the two `responses_store_*` captures from a server started with
+VLLM_ENABLE_RESPONSES_API_STORE=1 (on another port: TITO_VLLM_PORT)."""
 
 from __future__ import annotations
 
@@ -107,17 +109,36 @@ CASES: dict[str, dict[str, object]] = {
 }
 
 
+STORED = {
+    "responses_store_first": {"input": "Say hello.", "store": True, "max_output_tokens": 6, **IDS},
+    "responses_store_followup": {"input": "And again.", "max_output_tokens": 6, **IDS},
+}
+"""`--store`: a server started with VLLM_ENABLE_RESPONSES_API_STORE=1; the follow-up names the
+first response in `previous_response_id`."""
+
+
+def record(client: httpx.Client, name: str, case: dict[str, object]) -> dict[str, object] | None:
+    request = {"model": MODEL, "temperature": 0, **case}
+    with client.stream("POST", "/v1/responses", json=request) as response:
+        body = response.read()
+    head = f"POST /v1/responses\nREQUEST: {json.dumps(request)}\nSTATUS: {response.status_code}\n\n"
+    (OUT / f"{name}.txt").write_bytes(head.encode() + body)
+    print(name, response.status_code, len(body))
+    return json.loads(body) if not case.get("stream") else None
+
+
 def main() -> None:
     base = f"http://127.0.0.1:{os.environ.get('TITO_VLLM_PORT', '8765')}"
-    names = sys.argv[1:] or list(CASES)
+    args = sys.argv[1:]
     with httpx.Client(base_url=base, timeout=300) as client:
-        for name in names:
-            request = {"model": MODEL, "temperature": 0, **CASES[name]}
-            with client.stream("POST", "/v1/responses", json=request) as response:
-                body = response.read()
-            head = f"POST /v1/responses\nREQUEST: {json.dumps(request)}\nSTATUS: {response.status_code}\n\n"
-            (OUT / f"{name}.txt").write_bytes(head.encode() + body)
-            print(name, response.status_code, len(body))
+        if args == ["--store"]:
+            first = record(client, "responses_store_first", STORED["responses_store_first"])
+            assert first is not None
+            followup = {**STORED["responses_store_followup"], "previous_response_id": first["id"]}
+            record(client, "responses_store_followup", followup)
+            return
+        for name in args or list(CASES):
+            record(client, name, CASES[name])
 
 
 if __name__ == "__main__":

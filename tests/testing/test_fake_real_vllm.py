@@ -58,9 +58,11 @@ def test_every_real_capture_is_compared() -> None:
     assert set(NAMES) >= SAME_BODY and "models" in NAMES
 
 
-NO_IDS = {"models", "responses_ns_plain"}
-"""Captures without prompt ids (`responses_ns_plain`: a Responses request without
-enable_response_messages; its shape is compared in test_fake_responses)."""
+NO_IDS = {"models", "responses_ns_plain", "responses_store_followup"}
+"""Captures without prompt ids the fake can give: `responses_ns_plain` (a Responses request
+without enable_response_messages; its shape is compared in test_fake_responses) and
+`responses_store_followup` (a server that stores responses; the fake, like vLLM's default, stores
+none and answers `previous_response_id` with the 404 of `responses_previous_id`)."""
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in SAME_BODY | ERRORS | NO_IDS])

@@ -308,3 +308,29 @@ def test_a_session_episode_renders_responses_calls_on_the_server() -> None:
     assert call.session == "fallback" and "chat completions only" in (call.session_reason or "")
     assert "kv_transfer_params" not in replay.received[0]
     check_call(call, cap, logprobs=True)
+
+
+def test_previous_response_id_on_a_storing_server_is_exact_and_merges() -> None:
+    """On a vLLM started with VLLM_ENABLE_RESPONSES_API_STORE=1, `previous_response_id` works:
+    the server prepends the stored turn, and `input_messages` hold the prompt it rendered (the
+    first turn's prompt and sampled ids, then the new user turn). Both calls are exact, and merged
+    assembly makes one sample that trains each sampled token once."""
+    first, followup = (
+        load_capture("real/responses_store_first"),
+        load_capture("real/responses_store_followup"),
+    )
+    client, _ = replay_clients(Replay([first, followup]))
+    collector = tito.Collector(capture_logprobs=False, assembly="merged")
+    collector.wrap(client)
+    with collector.episode() as ep:
+        one = client.responses.create(model="m", input="Say hello.", store=True)
+        client.responses.create(model="m", input="And again.", previous_response_id=one.id)
+    a, b = ep.calls
+    for call, cap in ((a, first), (b, followup)):
+        assert call.status is tito.CallStatus.COMPLETE
+        assert call.prompt_ids.tolist() == cap.json()["input_messages"][0]["tokens"]
+        assert call.sampled_ids.tolist() == cap.json()["output_messages"][0]["tokens"]
+    history = a.prompt_ids.tolist() + a.sampled_ids.tolist()
+    assert b.prompt_ids.tolist()[: len(history)] == history
+    (sample,) = collector.sink.samples  # type: ignore[attr-defined]
+    assert int(sample.loss_mask.sum()) == a.num_sampled + b.num_sampled

@@ -3,6 +3,7 @@ the official openai client as a harness would drive it: given a base URL and not
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 
@@ -256,3 +257,25 @@ def test_responses_api_is_forwarded_and_captured_like_chat(served: ServedGateway
     assert kinds[-1] == "response.completed"
     report = control.close("ep-resp")
     assert (report["calls"], report["complete"], report["samples"]) == (2, 2, 2), report
+
+
+def test_streams_are_relayed_chunk_by_chunk(served: ServedGateway, fake: FakeVLLMServer) -> None:
+    """Each event reaches the client as the upstream sends it: with 50 ms between events, the
+    chunks arrive at the upstream's pace, not all at once at its end."""
+    served.control().open("ep-relay")
+    fake.faults.token_latency_ms = 50
+    arrivals: list[float] = []
+    try:
+        with client_for(served.url + "/episodes/ep-relay/v1") as client:
+            start = time.monotonic()
+            stream = client.chat.completions.create(
+                model=MODEL_NAME, messages=MSG, max_tokens=12, stream=True
+            )
+            for _ in stream:
+                arrivals.append(time.monotonic() - start)
+    finally:
+        fake.faults.token_latency_ms = 0
+    assert len(arrivals) >= 8
+    assert arrivals[-1] - arrivals[0] > 0.3  # not a burst at the end
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert sorted(gaps)[len(gaps) // 2] > 0.02  # events keep the upstream's pace

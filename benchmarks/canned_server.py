@@ -1,7 +1,11 @@
 """A vLLM-shaped server that answers instantly with pre-built bodies (the worst case for capture
 overhead: nothing but the client's own work remains). Run as a separate process:
 
-    python benchmarks/canned_server.py PORT PROMPT_TOKENS COMPLETION_TOKENS
+    python benchmarks/canned_server.py PORT PROMPT_TOKENS COMPLETION_TOKENS [EVENT_GAP_MS]
+
+With EVENT_GAP_MS, a stream is sent as vLLM sends it: one HTTP chunk per SSE event, written and
+drained one by one, EVENT_GAP_MS apart (0: only a yield to the event loop); without it, the whole
+stream is one chunk.
 
 POST .../chat/completions answers a vLLM 0.32 body with `return_token_ids` fields and logprobs:
 an SSE stream (one event per token) when the request streams, else one JSON body; with logprob
@@ -166,7 +170,12 @@ class Canned:
 
 
 async def serve(
-    port: int, json_body: bytes, sse_body: bytes, lp_json: bytes, lp_sse: bytes
+    port: int,
+    json_body: bytes,
+    sse_body: bytes,
+    lp_json: bytes,
+    lp_sse: bytes,
+    event_gap_ms: float | None = None,
 ) -> None:
     sse_head = (
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -190,6 +199,25 @@ async def serve(
 
     # built once: the server's own time stays ~0 (a join per answer for the fresh id)
     streams = {False: sse_response(sse_body), True: sse_response(lp_sse)}
+    event_chunks = {  # one HTTP chunk per event, for EVENT_GAP_MS
+        lp: [
+            hex(len(event) + 2)[2:].encode() + b"\r\n" + event + b"\n\n\r\n"
+            for event in (lp_sse if lp else sse_body).split(b"\n\n")
+            if event
+        ]
+        for lp in (False, True)
+    }
+    ids = itertools.count(1 << 40)
+
+    async def send_events(writer: asyncio.StreamWriter, wants_lp: bool) -> None:
+        rid = b"chatcmpl-%016x" % next(ids)
+        writer.write(sse_head)
+        for chunk in event_chunks[wants_lp]:
+            writer.write(chunk.replace(RID, rid))
+            await writer.drain()
+            await asyncio.sleep((event_gap_ms or 0) / 1000)
+        writer.write(b"0\r\n\r\n")
+
     bodies = {False: json_response(json_body), True: json_response(lp_json)}
     plain = json_response(without_ids(json_body))
 
@@ -207,6 +235,10 @@ async def serve(
                 else:
                     compact = body.replace(b" ", b"")
                     wants_lp = b'"logprobs":true' in compact
+                    if b'"stream":true' in compact and event_gap_ms is not None:
+                        await send_events(writer, wants_lp)
+                        await writer.drain()
+                        continue
                     if b'"stream":true' in compact:
                         canned = streams[wants_lp]
                     elif b'"return_token_ids":true' in compact:
@@ -228,6 +260,7 @@ async def serve(
 
 if __name__ == "__main__":
     port, prompt_tokens, completion_tokens = (int(a) for a in sys.argv[1:4])
+    gap = float(sys.argv[4]) if len(sys.argv) > 4 else None
     json_body, sse_body = build_bodies(prompt_tokens, completion_tokens, logprobs=False)
     lp_json, lp_sse = build_bodies(prompt_tokens, completion_tokens, logprobs=True)
-    asyncio.run(serve(port, json_body, sse_body, lp_json, lp_sse))
+    asyncio.run(serve(port, json_body, sse_body, lp_json, lp_sse, gap))

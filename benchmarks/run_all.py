@@ -20,6 +20,7 @@ BENCHMARKS = [
     ("delivery from a CPU-bound producer (issue 14)", "bench_delivery.py", []),
     ("stats command (issue 9)", "bench_stats.py", []),
     ("trainer converters (issue 10)", "bench_convert.py", []),
+    ("capture gateway (issue 21)", "bench_gateway.py", []),
     ("re-scoring constrained calls (issue 16)", "bench_rescore.py", []),
 ]
 

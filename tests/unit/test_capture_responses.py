@@ -334,3 +334,36 @@ def test_previous_response_id_on_a_storing_server_is_exact_and_merges() -> None:
     assert b.prompt_ids.tolist()[: len(history)] == history
     (sample,) = collector.sink.samples  # type: ignore[attr-defined]
     assert int(sample.loss_mask.sum()) == a.num_sampled + b.num_sampled
+
+
+def _with_items(cap: Capture, *items: dict[str, Any]) -> Capture:
+    body = cap.json()
+    body["output"] = [*items, *body["output"]]
+    return Capture(
+        cap.name + "-items", cap.path, cap.request, cap.status, json.dumps(body).encode()
+    )
+
+
+def test_reasoning_items_are_structured_and_leave_exact_ids() -> None:
+    """A reasoning-parser server puts reasoning in `reasoning` items (content or summary parts):
+    their texts are `Call.reasoning`; vLLM gives those tokens no logprobs, so the call keeps its
+    exact ids and has none (never logprobs shifted onto the wrong tokens)."""
+    cap = _with_items(
+        load_capture("real/responses_ns"),
+        {
+            "id": "rs_1",
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "The user wants one word."}],
+        },
+    )
+    client, _ = replay_clients(Replay([cap]))
+    collector = tito.Collector(capture_logprobs=True)
+    collector.wrap(client)
+    with collector.episode() as ep:
+        client.responses.create(model="m", input="x")
+    (call,) = ep.calls
+    assert call.status is tito.CallStatus.COMPLETE
+    assert call.reasoning == ["The user wants one word."]
+    assert call.logprobs is None and call.tool_calls is None
+    assert call.sampled_ids.tolist() == cap.json()["output_messages"][0]["tokens"]

@@ -336,9 +336,12 @@ def test_previous_response_id_on_a_storing_server_is_exact_and_merges() -> None:
     assert int(sample.loss_mask.sum()) == a.num_sampled + b.num_sampled
 
 
-def _with_items(cap: Capture, *items: dict[str, Any]) -> Capture:
+def _with_items(cap: Capture, *items: dict[str, Any], ids: list[int]) -> Capture:
+    """The capture with `items` before its output, sampled as `ids` before its output ids."""
     body = cap.json()
     body["output"] = [*items, *body["output"]]
+    body["output_messages"][0]["tokens"][:0] = ids
+    body["usage"]["output_tokens"] += len(ids)
     return Capture(
         cap.name + "-items", cap.path, cap.request, cap.status, json.dumps(body).encode()
     )
@@ -356,6 +359,7 @@ def test_reasoning_items_are_structured_and_leave_exact_ids() -> None:
             "summary": [],
             "content": [{"type": "reasoning_text", "text": "The user wants one word."}],
         },
+        ids=[504, 2638, 3107, 614, 1345, 1932, 30],
     )
     client, _ = replay_clients(Replay([cap]))
     collector = tito.Collector(capture_logprobs=True)

@@ -110,7 +110,7 @@ class Control:
 
 @contextlib.contextmanager
 def serve_cli(
-    upstream: str, sink: Path, state: Path, *extra: str, port: int | None = None
+    upstream: str, sink: Path | str, state: Path, *extra: str, port: int | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`tito-agents serve` as a subprocess; yields (process, base url). Stopped with SIGTERM."""
     port = port or free_port()

@@ -4,8 +4,10 @@ the official openai client as a harness would drive it: given a base URL and not
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -279,3 +281,36 @@ def test_streams_are_relayed_chunk_by_chunk(served: ServedGateway, fake: FakeVLL
     assert arrivals[-1] - arrivals[0] > 0.3  # not a burst at the end
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     assert sorted(gaps)[len(gaps) // 2] > 0.02  # events keep the upstream's pace
+
+
+def test_no_credential_reaches_a_sample_or_a_log(
+    fake: FakeVLLMServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent's API key goes upstream and nowhere else; the control token nowhere at all,
+    whatever fails on the way (debug logging on for the gateway's whole stack)."""
+    agent_key = "sk-agent-secret-0123456789"
+    sink_path = tmp_path / "samples.jsonl"
+    collector = tito.Collector(sink_path)
+    caplog.set_level(logging.DEBUG)
+    with ServedGateway(collector, fake.base_url, read_timeout=5.0) as served:
+        control = served.control()
+        control.open("ep-secret")
+        with openai.OpenAI(
+            base_url=served.url + "/episodes/ep-secret/v1", api_key=agent_key, max_retries=0
+        ) as client:
+            client.chat.completions.create(model=MODEL_NAME, messages=MSG, max_tokens=6)
+            fake.faults.status_before_body = 500
+            with pytest.raises(openai.InternalServerError):
+                client.chat.completions.create(model=MODEL_NAME, messages=MSG, max_tokens=6)
+            fake.faults.status_before_body = None
+        served.control("wrong-token").reward("ep-secret", 1.0)
+        control.close("ep-secret")
+    collector.close()
+    stack = ("tito_agents", "uvicorn", "httpx", "httpcore", "starlette")
+    logged = "\n".join(
+        r.getMessage() + repr(r.args) for r in caplog.records if r.name.startswith(stack)
+    )
+    written = sink_path.read_text()
+    assert "ep-secret" in written
+    for secret in (agent_key, TOKEN, "wrong-token"):
+        assert secret not in logged and secret not in written

@@ -561,6 +561,9 @@ def server_command(port_: int) -> list[str]:
         "hermes",
         "--generation-config",
         "vllm",
+        # requests may carry their own `chat_template` (the e2e template matrix renders real
+        # templates of other families with one server instead of a restart per template)
+        "--trust-request-chat-template",
     ]
     extra = os.environ.get("TITO_VLLM_EXTRA_ARGS")
     if extra:

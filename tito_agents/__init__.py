@@ -14,7 +14,7 @@ from __future__ import annotations
 from tito_agents.assembly import AssemblyMode, assemble
 from tito_agents.calls import Call, CallStatus
 from tito_agents.collector import Collector
-from tito_agents.config import ErrorPolicy, OutsideEpisode, SinkErrors
+from tito_agents.config import ErrorPolicy, OutsideEpisode, SessionHistory, SinkErrors
 from tito_agents.episodes import Episode, agent, bind, current_episode, labels
 from tito_agents.errors import (
     CaptureError,
@@ -45,6 +45,7 @@ __all__ = [
     "MissingTokenIdsError",
     "OutsideEpisode",
     "Sample",
+    "SessionHistory",
     "Sink",
     "SinkError",
     "SinkErrors",

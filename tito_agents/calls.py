@@ -55,6 +55,9 @@ class SessionNote(enum.StrEnum):
     """Previous prompt + sampled ids + delta, sent as token ids."""
     TOKEN_IN_BRIDGED = "token_in_bridged"
     """As TOKEN_IN, after bridging a turn that ended without its end-of-turn token (context)."""
+    TOKEN_IN_SAMPLED = "token_in_sampled"
+    """As TOKEN_IN where the template would re-render the history differently (it drops past
+    reasoning, ...): the model's sampled tokens were kept (`SessionHistory.SAMPLED`, opt-in)."""
     RESAMPLE = "resample"
     """The same messages as an earlier turn: its token prompt again (a sibling branch)."""
     FALLBACK = "fallback"

@@ -19,6 +19,7 @@ from tito_agents.config import (
     CaptureStats,
     ErrorPolicy,
     OutsideEpisode,
+    SessionHistory,
     SinkErrors,
 )
 from tito_agents.episodes import Episode
@@ -59,8 +60,13 @@ class Collector:
     outside_episode: what a call outside any episode does (`OutsideEpisode`; "default").
     keep_messages: keep each request's chat messages on its `Call` (memory only, never persisted).
     policy_version: a label of the weights that sample now (async RL); set it again on each update.
-    end_of_turn_id: the model's end-of-turn token for token-in sessions; learnt from the first turn
-        that ends on EOS when not given (needed earlier only to bridge a truncated first turn).
+    end_of_turn_id: the model's end-of-turn token for token-in sessions; when not given, derived
+        from the server's own chat template at a session's first append (once per server and
+        model). Give it only to override what the template says.
+    session_history: what token-in sessions do where the chat template would re-render the
+        history differently (templates that drop past reasoning): "template" (default) falls back
+        to server rendering with the reason and the fix; "sampled" keeps the model's own sampled
+        tokens in context and renders only the new messages (`SessionHistory`).
     assembly: `AssemblyMode` or its string: "per_call" (one sample per call), "merged" (an agent's
         calls merged into one sequence wherever each prompt extends the previous one; see
         `tito_agents.assembly.merged`) or "both" (both kinds to the same sink; train on one of them).
@@ -80,6 +86,7 @@ class Collector:
         keep_messages: bool = True,
         policy_version: str | None = None,
         end_of_turn_id: int | None = None,
+        session_history: SessionHistory | str = SessionHistory.TEMPLATE,
         assembly: AssemblyMode | str = AssemblyMode.PER_CALL,
         turn_discount: float = 1.0,
         tokenizer: Any = None,
@@ -104,6 +111,7 @@ class Collector:
             keep_messages=keep_messages,
             policy_version=policy_version,
             end_of_turn_id=end_of_turn_id,
+            session_history=SessionHistory(session_history),
         )
         """What capture reads on every request (shared by every wrapped client)."""
         self.stats = CaptureStats(delivery=sink.stats if isinstance(sink, BufferedSink) else None)
@@ -139,6 +147,10 @@ class Collector:
     @capture_logprobs.setter
     def capture_logprobs(self, value: bool) -> None:
         self.settings.capture_logprobs = value
+
+    @property
+    def session_history(self) -> SessionHistory:
+        return self.settings.session_history
 
     @property
     def keep_messages(self) -> bool:

@@ -35,6 +35,22 @@ class OutsideEpisode(enum.Enum):
     """The request is sent untouched and nothing is captured."""
 
 
+class SessionHistory(enum.Enum):
+    """What a token-in session does where the model's chat template would re-render the history
+    differently from what the model saw (templates that drop past reasoning: stock Qwen3,
+    DeepSeek-R1, GLM)."""
+
+    TEMPLATE = "template"
+    """Default: token-in only where the template renders the history exactly as the model saw it
+    (prefix checked); elsewhere the call is rendered by the server, with the reason and the fix
+    in `Call.session_reason`."""
+    SAMPLED = "sampled"
+    """Opt-in: keep the model's own sampled tokens in context there too and render only the new
+    messages (`Call.session` is "token_in_sampled"). The model then sees its past turns as it
+    sampled them (past reasoning included) rather than as its template re-renders them: rollouts,
+    and the policy trained on them, see longer contexts than serving with that template gives."""
+
+
 class SinkErrors(enum.Enum):
     """What a sink failure does when samples are handed over."""
 
@@ -58,11 +74,14 @@ class CaptureSettings:
     keep_messages: bool = True
     policy_version: str | None = None
     end_of_turn_id: int | None = None
-    learned_end_of_turn: dict[str, int] = field(default_factory=dict)
-    """End-of-turn ids seen per model by token-in sessions, shared with later episodes."""
-    verified_tails: dict[tuple[Any, ...], int | None] = field(default_factory=dict)
+    session_history: SessionHistory = SessionHistory.TEMPLATE
+    """Token-in sessions where the template re-renders history differently (`SessionHistory`)."""
+    learned_end_of_turn: dict[tuple[str, ...], Any] = field(default_factory=dict)
+    """What each (server, model, request template)'s template ends a turn with
+    (`sessions.EndOfTurn`), derived by token-in sessions and shared with later episodes."""
+    verified_tails: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     """Tail shapes whose prefix preservation token-in sessions have checked (all episodes),
-    with how their short render is cut (`sessions.Session.verified`)."""
+    with what was found (`sessions.TailCheck`, `sessions.Session.verified`)."""
 
 
 @dataclass(slots=True)

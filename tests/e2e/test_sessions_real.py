@@ -7,6 +7,7 @@ equal to the engine's prompt deltas and sampled ids, and re-scoring reproduces i
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -50,17 +51,10 @@ def agent_episode(client: openai.OpenAI, model: str, seed: int) -> None:
 def run(
     base_url: str, model: str, sessions: bool, episodes: int
 ) -> tuple[tito.Collector, list[tito.Episode]]:
-    tokenizer = load_tokenizer()
     # The forced tool call of a first turn may be cut by max_tokens (how often depends on the CPU
-    # kernels of the vLLM build); a session can only bridge a cut turn once it knows the
-    # end-of-turn token, which it otherwise learns from the first turn that ends on it. So the
-    # test names it, as docs tell users to (SmolLM2's EOS, <|im_end|>, ends its turns).
-    collector = tito.Collector(
-        capture_logprobs=True,
-        assembly="merged",
-        tokenizer=tokenizer,
-        end_of_turn_id=tokenizer.eos_token_id,
-    )
+    # kernels of the vLLM build); the session bridges it with the end-of-turn token it derives
+    # from the server's template at its first append, so no token is named here.
+    collector = tito.Collector(capture_logprobs=True, assembly="merged", tokenizer=load_tokenizer())
     client = collector.wrap(openai.OpenAI(base_url=base_url, api_key="EMPTY"), sessions=sessions)
     eps = []
     with client:
@@ -116,8 +110,15 @@ def test_with_sessions_each_episode_is_one_exact_sample(
     for ep, sample in zip(eps, samples, strict=True):
         calls = sorted(ep.calls, key=lambda c: c.seq)
         notes = [(c.session, c.session_reason) for c in calls]
-        # a turn cut by max_tokens is bridged with the end-of-turn token: still token-in
+        # a turn cut by max_tokens is bridged with the end-of-turn token derived from the
+        # template (SmolLM2's <|im_end|>), from the first episode on: still token-in
         assert all(c.session in ("token_in", "token_in_bridged") for c in calls[1:]), notes
+        bridges = [
+            c.prompt_ids[p.prompt_ids.shape[0] + p.sampled_ids.shape[0]]
+            for p, c in itertools.pairwise(calls)
+            if c.session == "token_in_bridged"
+        ]
+        assert all(int(t) == load_tokenizer().convert_tokens_to_ids("<|im_end|>") for t in bridges)
         assert ep.divergences == []
         expected = np.concatenate((calls[-1].prompt_ids, calls[-1].sampled_ids))
         assert np.array_equal(sample.token_ids, expected)

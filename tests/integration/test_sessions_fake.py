@@ -409,8 +409,9 @@ def test_checked_tail_kinds_need_only_the_short_render(drift_fake: FakeVLLM) -> 
             if step == 1:
                 messages.append({"role": "user", "content": "And in Lima?"})
     calls = ep.calls
-    # first call: none; [tool]: checked (3); [assistant, user]: checked (3); [tool] again: short (1)
-    assert per_call == [0, 3, 3, 1]
+    # first call: none; [tool]: end-of-turn derived (3 tiny renders) and checked (3);
+    # [assistant, user]: checked (3); [tool] again: short (1)
+    assert per_call == [0, 6, 3, 1]
     assert [c.session for c in calls[1:]] == [SessionNote.TOKEN_IN] * 3
     short = asks[-1]
     assert short["messages"][0] == tito.sessions.TAIL_HEAD and "tools" not in short

@@ -20,6 +20,7 @@ TOP_LEVEL = {
     "MissingTokenIdsError",
     "OutsideEpisode",
     "Sample",
+    "SessionHistory",
     "Sink",
     "SinkError",
     "SinkErrors",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -117,15 +117,26 @@ class CaptureCore:
         ):
             info.want_message = True
             session = pending.session = episode._session_for(pending.agent)
-            if session.end_of_turn_id is None:  # learnt by another episode for this model
-                session.end_of_turn_id = settings.learned_end_of_turn.get(
-                    str(info.payload.get("model"))
-                )
-            pending.plan = sessions.plan(session, info.payload)
+            pending.plan = self._session_plan(session, info.payload, f"{host}:{port}")
         elif wants_session and info.endpoint is Endpoint.RESPONSES:
             pending.session_fallback = _RESPONSES_NO_SESSION
         self.stats.requests += 1
         return new_body, pending
+
+    def _session_plan(
+        self, session: sessions.Session, payload: dict[str, Any], server: str
+    ) -> sessions.Plan:
+        """`sessions.plan`, with what each (server, model, template)'s template ends a turn with
+        shared between sessions: derived by the first session that appends, then known to all."""
+        key = (server, str(payload.get("model")), str(payload.get("chat_template")))
+        known = self.settings.learned_end_of_turn.get(key)
+        if known is not None and not session.end_of_turn_checked:
+            session.known_end_of_turn(known)
+        decision = yield from sessions.plan(session, payload, server, self.settings.session_history)
+        derived = session.end_of_turn()
+        if known is None and derived is not None:
+            self.settings.learned_end_of_turn.setdefault(key, derived)
+        return decision
 
     def apply_decision(
         self, pending: PendingCall, decision: SessionDecision | None, body: bytes | None
@@ -295,6 +306,3 @@ class CaptureCore:
                     stop_reason=call.stop_reason,
                 )
             )
-        if session.end_of_turn_id is not None:
-            model = str(payload.get("model"))
-            self.settings.learned_end_of_turn.setdefault(model, session.end_of_turn_id)

@@ -1,0 +1,229 @@
+"""Chat templates of real model families on the real CPU vLLM (issue 19).
+
+The server serves the SmolLM2 weights and renders each conversation with a real template of
+another family (vendored in tests/data/templates/real, sources in its README), given per request
+as `chat_template` (vLLM applies it exactly as `--chat-template`; the server runs with
+`--trust-request-chat-template`, so one server covers the whole matrix instead of a restart per
+template). SmolLM2's tokenizer knows ChatML's `<|im_start|>`/`<|im_end|>` as special tokens; other
+families' special tokens (`<|eot_id|>`, `<｜end▁of▁sentence｜>`) are plain text to it.
+
+For each template: an append-only tool episode without sessions and one with sessions, every
+sample re-scored (`/v1/completions` prompt logprobs) against its rollout logprobs; where the
+audit (`tito-agents audit-template` at token level with SmolLM2's tokenizer) passes the appends
+the episode makes, sessions give exactly one sample per episode, token-in from the first episode
+on; where it fails, every append falls back with the reason that matches the audit's finding,
+and templates that re-render history give one sample with `session_history="sampled"`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+import tito_agents as tito
+from tests.e2e.conftest import load_vllm_server_script
+from tests.e2e.test_capture_real import MAX_TOL, MEAN_TOL, TOOLS
+from tests.rescoring import constrained, rescore_sample
+from tito_agents.calls import SessionNote
+from tito_agents.cli._audit_cases import AuditCase
+from tito_agents.cli._render import load_renderer
+from tito_agents.cli.audit import audit_template
+from tito_agents.testing.smollm2 import tokenizer_dir
+
+pytestmark = pytest.mark.e2e
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates" / "real"
+
+# the audit's hint codes for the appends of `episode` (pinned, so a changed audit or template
+# is seen here); sessions must then do what the finding says
+EXPECTED: dict[str, set[str]] = {
+    "qwen3": {"reasoning_block_dropped"},  # drops the empty reasoning block of earlier turns
+    "qwen3_training": set(),
+    "llama3_1": {"token_boundary"},  # <|eot_id|> is text to SmolLM2's tokenizer
+    # so is <｜end▁of▁sentence｜>; and it drops a tool call that comes without text
+    "deepseek_r1_distill": {"token_boundary", "content_dropped"},
+    "nemotron_3_nano": set(),
+}
+# the session's fallback reason for each kind of audit finding
+REASONS = {
+    "token_boundary": "not one token of the served tokenizer",
+    "re-renders": "renders the previous assistant turn differently",
+}
+APPENDS = (  # the appends an episode makes: a tool result after a tool call, a user turn
+    AuditCase("append", tool_calls=True, reasoning=False, tools=True, appended="tool"),
+    AuditCase("append", tool_calls=False, reasoning=False, tools=True, appended="user"),
+)
+
+
+@cache
+def audit_codes(name: str) -> frozenset[str]:
+    """The hint codes of the audit of `name` (token level, SmolLM2's tokenizer) on the episode's
+    appends; empty when every case passes."""
+    renderer = load_renderer(TEMPLATES / f"{name}.jinja", tokenizer=tokenizer_dir())
+    report = audit_template(renderer, APPENDS)
+    failed = [r for r in report.results if r.verdict != "pass"]
+    assert all(r.hint is not None for r in failed), report.to_dict()
+    return frozenset(r.hint.code for r in failed if r.hint is not None)
+
+
+def finding(codes: frozenset[str]) -> str:
+    """What sessions must do: "pass" (token-in), "token_boundary" (no end-of-turn token: the
+    session cannot cut a turn, whatever else the template does) or "re-renders" (history)."""
+    if not codes:
+        return "pass"
+    if "token_boundary" in codes:
+        return "token_boundary"
+    assert all(code.startswith("reasoning") for code in codes), codes
+    return "re-renders"
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _accepts_request_templates(base_url: str) -> bool:
+    body = {"messages": [{"role": "user", "content": "."}], "chat_template": "{{ 'x' }}"}
+    response = httpx.post(f"{base_url.removesuffix('/v1')}/tokenize", json=body, timeout=30)
+    return response.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def template_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The standard server when it accepts request templates, else our own one on
+    TITO_TEMPLATE_VLLM_PORT (default 8779) with `--trust-request-chat-template`, stopped after."""
+    mod = load_vllm_server_script()
+    if mod.is_ready() and _accepts_request_templates(mod.base_url()):
+        yield mod.base_url()
+        return
+    own = {
+        "TITO_VLLM_PORT": os.environ.get("TITO_TEMPLATE_VLLM_PORT") or "8779",
+        "TITO_VLLM_EXTRA_ARGS": "--trust-request-chat-template",
+    }
+    capman: Any = request.config.pluginmanager.getplugin("capturemanager")
+    with _environ(**own):
+        started = not mod.is_ready()
+        if started:
+            with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+                mod.start()
+        url = str(mod.base_url())
+    if not _accepts_request_templates(url):
+        pytest.fail(f"the vLLM on {url} refuses request chat templates; restart it", pytrace=False)
+    yield url
+    if started:
+        with _environ(**own):
+            mod.stop()
+
+
+@pytest.fixture(scope="module")
+def template_model(template_server: str) -> str:
+    response = httpx.get(f"{template_server}/models", timeout=10)
+    response.raise_for_status()
+    return str(response.json()["data"][0]["id"])
+
+
+def episode(client: openai.OpenAI, model: str, template: str, seed: int) -> None:
+    """Forced tool call, tool result, answer, user follow-up, answer: history only appended."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the weather in Paris? Use the tool."},
+    ]
+    for turn in range(3):
+        response = client.chat.completions.create(
+            model=model,
+            messages=messages,  # type: ignore[arg-type]
+            tools=TOOLS,  # type: ignore[arg-type]
+            max_tokens=24,
+            temperature=1.0,
+            seed=seed + turn,
+            tool_choice="required" if turn == 0 else "none",
+            extra_body={"chat_template": template},
+        )
+        message = response.choices[0].message
+        messages.append(
+            message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+        )
+        for call in message.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "18C and sunny"})
+        if not message.tool_calls:
+            messages.append({"role": "user", "content": "Thanks! Say it again in five words."})
+
+
+def run(
+    base_url: str, model: str, template: str, *, sessions: bool, history: str = "template"
+) -> tuple[tito.Episode, list[tito.Sample]]:
+    collector = tito.Collector(capture_logprobs=True, assembly="merged", session_history=history)
+    client = collector.wrap(openai.OpenAI(base_url=base_url, api_key="EMPTY"), sessions=sessions)
+    with client, collector.episode("ep") as ep:
+        episode(client, model, template, seed=7)
+    return ep, list(collector.sink.samples)  # type: ignore[attr-defined]
+
+
+def check_exact(base_url: str, model: str, ep: tito.Episode, samples: list[tito.Sample]) -> None:
+    """Every sampled id trained once, and the server's re-scoring reproduces the logprobs."""
+    assert sum(int(s.loss_mask.sum()) for s in samples) == sum(c.num_sampled for c in ep.calls)
+    skip = {c.call_id for c in ep.calls if constrained(c)}
+    for sample in samples:
+        result = rescore_sample(base_url, model, sample, skip)
+        if result.tokens:
+            assert result.mean_abs < MEAN_TOL and result.max_abs < MAX_TOL, result
+
+
+def one_chain(ep: tito.Episode, samples: list[tito.Sample], notes: set[str]) -> None:
+    """One sample: the engine's prompt deltas and sampled ids, turn by turn."""
+    calls = sorted(ep.calls, key=lambda c: c.seq)
+    assert all(c.session in notes for c in calls[1:]), [
+        (c.session, c.session_reason) for c in calls
+    ]
+    assert len(samples) == 1 and ep.divergences == []
+    pieces, pos = [], 0
+    for call in calls:
+        pieces += [call.prompt_ids[pos:], call.sampled_ids]
+        pos = call.prompt_ids.shape[0] + call.sampled_ids.shape[0]
+    assert np.array_equal(np.concatenate(pieces), samples[0].token_ids)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_template_matrix(name: str, template_server: str, template_model: str) -> None:
+    """The audit's verdict and the server's behaviour agree; every sample is exact."""
+    codes = audit_codes(name)
+    assert codes == EXPECTED[name]
+    expect = finding(codes)
+    template = (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+
+    ep, samples = run(template_server, template_model, template, sessions=False)
+    check_exact(template_server, template_model, ep, samples)
+
+    ep, samples = run(template_server, template_model, template, sessions=True)
+    if expect == "pass":
+        one_chain(ep, samples, {SessionNote.TOKEN_IN, SessionNote.TOKEN_IN_BRIDGED})
+    else:
+        for call in ep.calls[1:]:
+            assert call.session == SessionNote.FALLBACK
+            assert REASONS[expect] in (call.session_reason or ""), call.session_reason
+    check_exact(template_server, template_model, ep, samples)
+
+    if expect == "re-renders":  # the opt-in keeps the sampled tokens: one sample again
+        ep, samples = run(
+            template_server, template_model, template, sessions=True, history="sampled"
+        )
+        one_chain(ep, samples, {SessionNote.TOKEN_IN_SAMPLED})
+        check_exact(template_server, template_model, ep, samples)

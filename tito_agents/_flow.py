@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from tito_agents._capture import CaptureCore, PendingCall, StreamTee
+from tito_agents.calls import ScoringEndpoint
 
 logger = logging.getLogger("tito_agents")
 
@@ -155,6 +156,8 @@ def _decide(core: CaptureCore, request: Any) -> tuple[bytes, PendingCall] | None
     if decision is None:
         return None
     new_body, pending = decision
+    if pending.info.constrained is not None and core.settings.rescore_constrained:
+        pending.scoring = _scoring_endpoint(request)
     return (body if new_body is None else new_body), pending
 
 
@@ -267,14 +270,26 @@ def _with_body(module: Any, response: Any, body: bytes) -> Any:
     return rebuilt
 
 
+def _api_root(request: Any) -> str:
+    """The API path of `request` without its endpoint: "/v1" for ".../v1/chat/completions"."""
+    path: str = request.url.path.rstrip("/")
+    for suffix in ("/chat/completions", "/completions", "/responses"):
+        if path.endswith(suffix):
+            return path[: -len(suffix)]
+    return path
+
+
+def _scoring_endpoint(request: Any) -> ScoringEndpoint:
+    """The server's `/completions`, reached as `request` reached it (its Authorization kept in
+    memory only), where a constrained call's ids are re-scored."""
+    url = request.url.copy_with(path=f"{_api_root(request)}/completions", query=None)
+    auth = request.headers.get("authorization")
+    return ScoringEndpoint(str(url), (("authorization", auth),) if auth else ())
+
+
 def _tokenize_request(module: Any, request: Any, payload: dict[str, Any]) -> Any:
     """A `POST /tokenize` to the server of `request` (vLLM serves it at the root, not under /v1)."""
-    path = request.url.path.rstrip("/")
-    for suffix in ("/chat/completions", "/completions"):
-        if path.endswith(suffix):
-            path = path[: -len(suffix)]
-            break
-    path = path.removesuffix("/v1")
+    path = _api_root(request).removesuffix("/v1")
     headers = {"content-type": "application/json", "accept-encoding": "identity"}
     if "authorization" in request.headers:
         headers["authorization"] = request.headers["authorization"]

@@ -64,6 +64,19 @@ class SessionNote(enum.StrEnum):
     """Rendered by the server; `Call.session_reason` says why."""
 
 
+@dataclass(frozen=True, slots=True)
+class ScoringEndpoint:
+    """Where the ids of a constrained call can be re-scored: the `/completions` URL of the server
+    that sampled them and the headers it needs. In memory only, never serialized or printed with
+    its headers (they may hold the caller's Authorization)."""
+
+    url: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def __repr__(self) -> str:
+        return f"ScoringEndpoint({self.url!r})"
+
+
 @dataclass(slots=True)
 class Call:
     """One choice of one captured response.
@@ -107,6 +120,15 @@ class Call:
     """Why a session call fell back to server rendering (or was bridged)."""
     session_ms: float | None = None
     """Latency the session added before sending (the /tokenize round trips and bookkeeping)."""
+    constrained: str | None = None
+    """How the request constrained decoding ("tool_choice=required", "response_format=json_schema",
+    ...; `tito_agents._wire.request.constraint_of`), None for free sampling. vLLM's logprobs of a
+    constrained call are those of the grammar-masked distribution."""
+    policy_logprobs: LogprobArray | None = None
+    """The policy's own logprobs of the sampled ids, re-scored without the mask (one per sampled
+    id); set at the episode's end when the collector re-scores constrained calls."""
+    rescore_error: str | None = None
+    """Why re-scoring this constrained call failed (its flag stays; nothing is guessed)."""
     tool_calls: list[dict[str, Any]] | None = None
     """Responses API: the function calls the response made, one dict per `function_call` output
     item (`call_id`, `name`, `arguments` as the JSON text the model wrote, `id`); None when it made
@@ -114,6 +136,8 @@ class Call:
     reasoning: list[str] | None = None
     """Responses API: the text of each `reasoning` output item (reasoning-parser servers); None
     when the response had none."""
+    scoring: ScoringEndpoint | None = field(default=None, repr=False)
+    """Where to re-score this call (in memory only; set when re-scoring is on)."""
 
     @property
     def num_sampled(self) -> int:

@@ -43,8 +43,8 @@ class Collector:
     Configuration and wiring only: the stages are `CaptureCore` (per wrapped client, reading
     `settings`), `Episode` (attribution), `Exporter` (assembly and the sink), each reporting to the
     next. Everything set here can be read back as an attribute; `policy_version`,
-    `capture_logprobs`, `keep_messages`, `assembly`, `turn_discount` and `tokenizer` may be
-    changed later and apply from the next request or episode.
+    `capture_logprobs`, `rescore_constrained`, `keep_messages`, `assembly`, `turn_discount` and
+    `tokenizer` may be changed later and apply from the next request or episode.
 
     sink: a `Sink`, or a path / URL for `open_sink` (`samples.jsonl`, `out/samples.parquet`,
         `redis://host/0?stream=samples`, `ray://queue`, ...); None keeps samples in memory
@@ -58,7 +58,8 @@ class Collector:
         `logprobs` itself); off by default, since it costs the server and the wire.
     errors: what a capture problem does (`ErrorPolicy`; "episode" by default).
     outside_episode: what a call outside any episode does (`OutsideEpisode`; "default").
-    keep_messages: keep each request's chat messages on its `Call` (memory only, never persisted).
+    keep_messages: keep each request's chat messages on its `Call` (in memory; persisted only with
+        `record_messages=True`).
     policy_version: a label of the weights that sample now (async RL); set it again on each update.
     end_of_turn_id: the model's end-of-turn token for token-in sessions; when not given, derived
         from the server's own chat template at a session's first append (once per server and
@@ -67,10 +68,19 @@ class Collector:
         history differently (templates that drop past reasoning): "template" (default) falls back
         to server rendering with the reason and the fix; "sampled" keeps the model's own sampled
         tokens in context and renders only the new messages (`SessionHistory`).
+    rescore_constrained: recover the policy's own logprobs of calls sampled under a constraint
+        (forced tool choice, structured output): vLLM returns the logprobs of the grammar-masked
+        distribution there. At each episode's end, those calls' ids are re-scored by the same
+        server (`/v1/completions`, token prompt, `prompt_logprobs`), batched, off the agent's
+        calls; stored as `Sample.policy_logprobs` beside the rollout `logprobs`
+        (`tito_agents.rescore`). Off by default: it costs one server pass per constrained call.
     assembly: `AssemblyMode` or its string: "per_call" (one sample per call), "merged" (an agent's
         calls merged into one sequence wherever each prompt extends the previous one; see
         `tito_agents.assembly.merged`) or "both" (both kinds to the same sink; train on one of them).
     turn_discount: discount of per-call rewards inside a merged sample.
+    record_messages: also write each chat call's request messages and tools into its samples
+        (`metadata["call_messages"]`), for `tito-agents drift --chat-template`; off by default
+        (they repeat the conversation in every call and hold user data).
     tokenizer: optional, e.g. a transformers tokenizer of the served model; only used to name
         divergences and show excerpts in reports, never to make token ids.
     """
@@ -87,9 +97,11 @@ class Collector:
         policy_version: str | None = None,
         end_of_turn_id: int | None = None,
         session_history: SessionHistory | str = SessionHistory.TEMPLATE,
+        rescore_constrained: bool = False,
         assembly: AssemblyMode | str = AssemblyMode.PER_CALL,
         turn_discount: float = 1.0,
         tokenizer: Any = None,
+        record_messages: bool = False,
     ) -> None:
         if sink is None:
             sink = MemorySink()
@@ -112,6 +124,7 @@ class Collector:
             policy_version=policy_version,
             end_of_turn_id=end_of_turn_id,
             session_history=SessionHistory(session_history),
+            rescore_constrained=rescore_constrained,
         )
         """What capture reads on every request (shared by every wrapped client)."""
         self.stats = CaptureStats(delivery=sink.stats if isinstance(sink, BufferedSink) else None)
@@ -123,6 +136,7 @@ class Collector:
             assembly=mode,
             turn_discount=turn_discount,
             tokenizer=tokenizer,
+            record_messages=record_messages,
         )
         self.default_episode = Episode(self._exporter, self.settings, DEFAULT_EPISODE_ID)
         """Where calls outside any episode go (`outside_episode="default"`); keeps no history."""
@@ -149,8 +163,24 @@ class Collector:
         self.settings.capture_logprobs = value
 
     @property
+    def rescore_constrained(self) -> bool:
+        return self.settings.rescore_constrained
+
+    @rescore_constrained.setter
+    def rescore_constrained(self, value: bool) -> None:
+        self.settings.rescore_constrained = value
+
+    @property
     def session_history(self) -> SessionHistory:
         return self.settings.session_history
+
+    @property
+    def record_messages(self) -> bool:
+        return self._exporter.record_messages
+
+    @record_messages.setter
+    def record_messages(self, value: bool) -> None:
+        self._exporter.record_messages = value
 
     @property
     def keep_messages(self) -> bool:

@@ -74,6 +74,8 @@ class CaptureSettings:
     keep_messages: bool = True
     policy_version: str | None = None
     end_of_turn_id: int | None = None
+    rescore_constrained: bool = False
+    """Re-score constrained calls at the episode's end for the policy's own logprobs."""
     session_history: SessionHistory = SessionHistory.TEMPLATE
     """Token-in sessions where the template re-renders history differently (`SessionHistory`)."""
     learned_end_of_turn: dict[tuple[str, ...], Any] = field(default_factory=dict)
@@ -113,6 +115,12 @@ class CaptureStats:
     lost_samples: int = 0
     """Samples of those failed hand-offs (assembled, not accepted by the sink), and samples of
     calls outside any episode dropped because the export queue was full."""
+    constrained_calls: int = 0
+    """Complete calls sampled under a constraint (forced tool choice, structured output)."""
+    rescored_calls: int = 0
+    """Constrained calls whose policy logprobs were recovered by re-scoring."""
+    rescore_failures: int = 0
+    """Constrained calls re-scoring could not recover (`Call.rescore_error` says why)."""
     delivery: ExportStats | None = None
     """What the buffer in front of the sink did after accepting samples (retries, spills,
     refusals; `tito_agents.sinks.ExportStats`); None when the sink has no buffer."""

@@ -17,9 +17,12 @@ import logging
 import os
 import threading
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
+from tito_agents import rescore
 from tito_agents.assembly import AssemblyMode, AssemblyOptions, EpisodeContext, assemble_episode
+from tito_agents.assembly.call_messages import attach_call_messages
 from tito_agents.calls import Call, CallStatus
 from tito_agents.config import CaptureStats, ErrorPolicy, SinkErrors
 from tito_agents.episodes import Episode
@@ -58,6 +61,7 @@ class Exporter:
         assembly: AssemblyMode,
         turn_discount: float,
         tokenizer: Any,
+        record_messages: bool = False,
     ) -> None:
         self.sink = sink
         self.stats = stats
@@ -66,6 +70,8 @@ class Exporter:
         self.assembly = assembly
         self.turn_discount = turn_discount
         self.tokenizer = tokenizer
+        self.record_messages = record_messages
+        """Write each call's chat messages and tools into its samples' metadata (opt-in)."""
         self.default_episode: Episode | None = None
         """The collector's episode for calls outside any episode (set once it exists)."""
         self._lock = threading.Lock()
@@ -92,6 +98,8 @@ class Exporter:
             for call in calls:
                 if call.status is CallStatus.COMPLETE:
                     stats.complete_calls += 1
+                    if call.constrained is not None:
+                        stats.constrained_calls += 1
                 elif call.status is CallStatus.UNUSABLE:
                     stats.unusable_calls += 1
                 else:
@@ -120,7 +128,10 @@ class Exporter:
 
     def on_end(self, episode: Episode, *, failed: bool) -> None:
         """Assemble and hand over the episode's samples, then raise what the policies say."""
-        samples = self._end(episode, failed)
+        calls = self._close(episode, failed)
+        if rescore.wanted(calls):
+            self._count_rescored(_guarded(rescore.rescore, calls))
+        samples = self._finish(episode, calls)
         sink_error: SinkError | None = None
         if samples:
             try:
@@ -130,7 +141,15 @@ class Exporter:
         self._raise_errors(episode, failed, sink_error)
 
     async def aon_end(self, episode: Episode, *, failed: bool) -> None:
-        samples = self._end(episode, failed)
+        calls = self._close(episode, failed)
+        if rescore.wanted(calls):
+            try:
+                done = await rescore.arescore(calls)
+            except Exception:  # a defect: logged; the calls keep their flags
+                logger.exception("re-scoring constrained calls failed")
+                done = 0
+            self._count_rescored((done, calls))
+        samples = self._finish(episode, calls)
         sink_error: SinkError | None = None
         if samples:
             try:
@@ -153,13 +172,16 @@ class Exporter:
             metadata=dict(episode.metadata) if episode.metadata else None,
         )
         samples, divergences = assemble_episode(calls, context, options)
+        if self.record_messages:
+            attach_call_messages(samples, calls)
         episode.divergences.extend(divergences)
         for divergence in divergences:
             kind = divergence.kind.value
             episode.report.divergences[kind] = episode.report.divergences.get(kind, 0) + 1
         return samples
 
-    def _end(self, episode: Episode, failed: bool) -> list[Sample]:
+    def _close(self, episode: Episode, failed: bool) -> list[Call]:
+        """The calls of an ended episode (none when it failed: a failed episode has no samples)."""
         calls = episode._close_calls()
         with self._lock:
             self.stats.episodes += 1
@@ -169,9 +191,7 @@ class Exporter:
             return []
         if not calls and episode is not self.default_episode:
             self._report_empty(episode)
-        samples = self.assemble(episode, calls)
-        self._count_samples(episode, samples)
-        return samples
+        return calls
 
     def _report_empty(self, episode: Episode) -> None:
         """An episode that ends with no captured call is never silent: it is counted and logged
@@ -198,6 +218,28 @@ class Exporter:
                 "Fix: wrap the client the agent really uses (collector.wrap(client), or the "
                 "framework integration's install) and list its host in vllm_hosts",
                 episode.episode_id,
+            )
+
+    def _finish(self, episode: Episode, calls: list[Call]) -> list[Sample]:
+        if not calls:
+            return []
+        samples = self.assemble(episode, calls)
+        self._count_samples(episode, samples)
+        return samples
+
+    def _count_rescored(self, outcome: tuple[int, list[Call]]) -> None:
+        done, calls = outcome
+        failures = sum(1 for c in rescore.wanted(calls) if c.rescore_error is not None)
+        with self._lock:
+            self.stats.rescored_calls += done
+            self.stats.rescore_failures += failures
+        if failures:
+            reason = next(c.rescore_error for c in calls if c.rescore_error is not None)
+            logger.warning(
+                "%d constrained calls could not be re-scored (%s); their samples keep the "
+                "masked logprobs, flagged (CallSpan.logprob_source == 'masked')",
+                failures,
+                reason,
             )
 
     def _count_samples(self, episode: Episode, samples: list[Sample]) -> None:
@@ -267,6 +309,8 @@ class Exporter:
                     self._cond.notify_all()
 
     def _export_outside(self, episode: Episode, calls: list[Call]) -> None:
+        if rescore.wanted(calls):
+            self._count_rescored(_guarded(rescore.rescore, calls))
         try:
             samples = self.assemble(episode, calls)
         except Exception:  # a defect: logged, and the thread goes on with the next calls
@@ -299,3 +343,12 @@ class Exporter:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+
+def _guarded(run: Callable[[list[Call]], int], calls: list[Call]) -> tuple[int, list[Call]]:
+    """Run a re-scoring pass; a defect in it is logged and never reaches the agent."""
+    try:
+        return run(calls), calls
+    except Exception:
+        logger.exception("re-scoring constrained calls failed")
+        return 0, calls

@@ -258,8 +258,10 @@ class CaptureCore:
                     policy_version=pending.policy_version,
                     messages=info.messages,
                     tools=info.tools,
+                    constrained=info.constrained,
                     tool_calls=choice.tool_calls,
                     reasoning=choice.reasoning,
+                    scoring=pending.scoring,
                 )
             )
         if pending.session is not None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tito_agents._wire import (
     RequestInfo,
 )
+from tito_agents.calls import ScoringEndpoint
 from tito_agents.sessions import Plan, Session, SessionDecision
 
 if TYPE_CHECKING:
@@ -35,5 +36,7 @@ class PendingCall:
     decision: SessionDecision | None = None
     session_fallback: str | None = None
     """Why a call of a session episode is not planned as a session turn (Responses API)."""
+    scoring: ScoringEndpoint | None = None
+    """Where a constrained call is re-scored at the episode's end (re-scoring on)."""
     session_ms: float | None = None
     """Time the session plan took before the request was sent (/tokenize round trips included)."""

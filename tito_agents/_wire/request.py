@@ -71,8 +71,61 @@ class RequestInfo:
     """Capture added `return_token_ids` (the caller did not ask for ids)."""
     added_logprobs: bool = False
     """Capture added `logprobs` (the caller did not ask for them)."""
+    constrained: str | None = None
+    """How decoding was constrained (`constraint_of`), None for free sampling."""
     added_top_logprobs: bool = False
     """Responses API: capture added `top_logprobs: 0` (with its `include` entry)."""
+
+
+_GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def constraint_of(payload: dict[str, Any]) -> str | None:
+    """How the request constrains decoding, as "<field>=<kind>", or None for free sampling.
+
+    vLLM samples a constrained request through a grammar mask and returns the logprobs of the
+    masked distribution; a trainer must know which spans those are (`CallSpan.constrained`).
+    Constraints: a forced tool choice ("required" or a named function; "auto" and "none" are free),
+    `response_format` (chat) or `text.format` (Responses) json_schema / json_object ("text" is
+    free), `structured_outputs` (its kind: json, regex, choice, grammar, ...) and the pre-0.12
+    `guided_*` fields.
+    """
+    choice = payload.get("tool_choice")
+    if payload.get("tools") and choice == "required":
+        return "tool_choice=required"
+    if payload.get("tools") and isinstance(choice, dict):
+        return "tool_choice=named"
+    fmt = payload.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object"):
+        return f"response_format={fmt['type']}"
+    text = payload.get("text")  # the Responses API's structured output
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object"):
+        return f"text.format={fmt['type']}"
+    structured = payload.get("structured_outputs")
+    if isinstance(structured, dict):
+        kinds = sorted(k for k, v in structured.items() if v is not None and v is not False)
+        kinds = [k for k in kinds if k not in _STRUCTURED_OPTIONS]
+        if kinds:
+            return f"structured_outputs={'+'.join(kinds)}"
+    for key in _GUIDED_KEYS:
+        if payload.get(key) is not None:
+            return key
+    return None
+
+
+_STRUCTURED_OPTIONS = frozenset(
+    {
+        "disable_fallback",
+        "disable_any_whitespace",
+        "disable_additional_properties",
+        "whitespace_pattern",
+        "backend",
+        "_backend",
+        "_backend_was_auto",
+    }
+)
+"""Keys of `structured_outputs` that tune a constraint without being one."""
 
 
 def endpoint_for_path(path: str) -> Endpoint | None:
@@ -132,6 +185,7 @@ def prepare_request(
         payload=payload,
         added_ids=added_ids,
         added_logprobs=added_logprobs,
+        constrained=constraint_of(payload),
     )
     changed = added_ids or added_logprobs
     return (orjson.dumps(payload) if changed else None), info
@@ -183,6 +237,7 @@ def _prepare_responses(
         payload=payload,
         added_ids=added_ids,
         added_logprobs=added_logprobs,
+        constrained=constraint_of(payload),
         added_top_logprobs=added_top,
     )
     changed = added_ids or added_logprobs

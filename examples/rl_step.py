@@ -349,6 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"  tito {dtype:4} constrained tokens (masked rollout logprobs, not a ratio "
                 f"a loss should use): {figures.constrained.line()}"
             )
+            if figures.constrained_policy is not None:
+                print(
+                    f"  tito {dtype:4} constrained tokens against the re-scored policy logprobs "
+                    f"(what the loss uses): {figures.constrained_policy.line()}"
+                )
     step = result.step
     print(
         f"  step: loss {step['loss']:.4f} on {step['tokens']} tokens, advantages "

@@ -51,7 +51,7 @@ def test_one_rl_iteration_is_exact_and_round_trips(vllm_base_url: str, tmp_path:
         tmp_path,
         episodes=4,
         cities=2,
-        max_tokens=(40, 16),
+        max_tokens=(40, 32),
         dtypes=("fp32",),
         text_dtypes=("fp32",),
         reload_port=int(os.environ.get("TITO_RL_RELOAD_PORT") or 8776),

@@ -128,7 +128,12 @@ def save_policy(model: Any, tokenizer: Any, source: str | Path, out_dir: str | P
     torch = _deps.torch()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+    # One bf16 copy per storage, so tied weights (SmolLM2's lm_head) stay tied and are written once.
+    copies: dict[int, Any] = {}
+    state = {
+        k: copies.setdefault(v.data_ptr(), v.detach().to(torch.bfloat16))
+        for k, v in model.state_dict().items()
+    }
     model.save_pretrained(str(out), state_dict=state)
     tokenizer.save_pretrained(str(out))
     for name in ("generation_config.json", "chat_template.jinja"):

@@ -49,7 +49,7 @@ class TextRow:
     constrained: npt.NDArray[np.bool_]
     """Whether each trained token lies in a call sampled under a constraint."""
     calls_drifted: int
-    """Calls of this sample whose turn tokenizes to other ids than the engine sampled."""
+    """Calls of this sample whose sampled text re-tokenizes to other ids than the engine's."""
     calls: int
 
 
@@ -136,8 +136,10 @@ def rebuild(
         lps = np.zeros(len(sampled)) if call.logprobs is None else call.logprobs.astype(np.float64)
         by_start = {int(offsets[k]): k for k in range(len(sampled))}
         turn = [j for j in range(len(ids)) if lo <= starts[j] < hi]
-        same = [ids[j] for j in turn] == sampled
-        drifted += not same
+        # Drift is about the sampled text; an end-of-turn token the template adds after a reply cut
+        # by max_tokens differs too (it was never sampled) but is no re-tokenization.
+        spelled = [ids[j] for j in turn if starts[j] - lo < offsets[-1]]
+        drifted += spelled != sampled
         for j in turn:
             a, b = int(starts[j]) - lo, int(starts[j + 1]) - lo
             k = by_start.get(a)

@@ -210,7 +210,9 @@ def _layout_figures(
             if policy is not None:
                 forced_policy.append((score.trainer - policy[positions])[flags])
         expected = engine_ids(sample, calls)
-        differing += int(np.count_nonzero(score.ids != expected))
+        common = min(expected.shape[0], score.ids.shape[0])
+        differing += int(np.count_nonzero(score.ids[:common] != expected[:common]))
+        differing += abs(expected.shape[0] - score.ids.shape[0])  # tokens one side lacks
         trained += int(positions.shape[0])
     free_all = np.concatenate(free)
     return (

@@ -80,6 +80,13 @@ class SpanLog(TracingProcessor):
             current = self._spans.get(parent) if parent is not None else None
         return None
 
+    def failed_model_calls(self) -> int:
+        """Model-call spans that ended with an error (e.g. a response the SDK refused)."""
+        with self._lock:
+            spans = list(self._spans.values())
+        kinds = (GenerationSpanData, ResponseSpanData)
+        return sum(1 for s in spans if isinstance(s.span_data, kinds) and s.error is not None)
+
     def model_calls(self) -> list[TracedCall]:
         """Successful model calls (generation or response spans without error), with their agent."""
         with self._lock:

@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import tito_agents_openai_agents as tito_oa
 from agents import ItemHelpers, Runner, TResponseInputItem, add_trace_processor, trace
 from agents.tracing import set_trace_processors
-from oa_script import build_agents, build_more_agents, case_of, misattributed
+from oa_script import (
+    Agents,
+    MoreAgents,
+    build_agents,
+    build_more_agents,
+    case_of,
+    misattributed,
+)
 from sdk_trace import SpanLog, call_key
 
 import tito_agents as tito
@@ -46,10 +53,15 @@ async def one_line(agents_server: FakeVLLMServer, api: str) -> AsyncIterator[tit
     collector.close()
 
 
-async def run_pattern(pattern: str, i: int) -> None:
-    """One run of `pattern`, as the upstream example writes it (agents name no model)."""
+async def run_pattern(
+    pattern: str, i: int, tune: Callable[[Agents, MoreAgents], None] | None = None
+) -> None:
+    """One run of `pattern`, as the upstream example writes it (agents name no model); `tune`
+    may set the agents' model settings first (the real-server test does)."""
     case = f"case-{i}"
     agents, more = build_agents(None), build_more_agents()  # type: ignore[arg-type]
+    if tune is not None:
+        tune(agents, more)
     if pattern == "handoffs":
         topic = "invoice" if i % 2 == 0 else "weather"
         await Runner.run(agents.triage, f"{case}: about the {topic}")

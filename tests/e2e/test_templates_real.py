@@ -107,16 +107,17 @@ def _accepts_request_templates(base_url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def template_server(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The standard server when it accepts request templates, else our own one on
-    TITO_TEMPLATE_VLLM_PORT (default 8779) with `--trust-request-chat-template`, stopped after."""
-    mod = load_vllm_server_script()
-    if mod.is_ready() and _accepts_request_templates(mod.base_url()):
-        yield mod.base_url()
+def template_server(request: pytest.FixtureRequest, vllm_base_url: str) -> Iterator[str]:
+    """The standard server (scripts/vllm_server.py starts it with `--trust-request-chat-template`),
+    else, where it runs without (started by an older script), our own one on
+    TITO_TEMPLATE_VLLM_PORT (default 8779), stopped after."""
+    if _accepts_request_templates(vllm_base_url):
+        yield vllm_base_url
         return
+    mod = load_vllm_server_script()
     own = {
         "TITO_VLLM_PORT": os.environ.get("TITO_TEMPLATE_VLLM_PORT") or "8779",
-        "TITO_VLLM_EXTRA_ARGS": "--trust-request-chat-template",
+        "TITO_VLLM_EXTRA_ARGS": "--trust-request-chat-template",  # harmless twice
     }
     capman: Any = request.config.pluginmanager.getplugin("capturemanager")
     with _environ(**own):

@@ -24,6 +24,7 @@ _HOP = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"content-l
 def build_app(upstream: str) -> Starlette:
     client = openai.DefaultAsyncHttpxClient(
         follow_redirects=False,
+        timeout=openai.Timeout(600, connect=60),  # as the benchmark's gateway
         limits=type(openai.DEFAULT_CONNECTION_LIMITS)(
             max_connections=1024, max_keepalive_connections=1024, keepalive_expiry=4.0
         ),

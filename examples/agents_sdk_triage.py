@@ -4,10 +4,12 @@
         --out agents-samples.jsonl
 
 A triage agent hands off to a billing or a weather specialist; each specialist calls its tool, then
-answers. The agents are plain Agents SDK code. tito-agents adds `install(...)` (capture on the
-chat-completions path, every call labelled with its agent) and `collector.episode(...)` around
-each run. Rewards are given after the run, per agent: triage for routing to the right specialist,
-the specialist for an answer that uses its tool's result. Each agent's calls are then merged into
+answers. The agents are plain Agents SDK code, on the SDK's default model (`OpenAIResponsesModel`,
+the Responses API; `--api chat_completions` for Chat Completions), naming no model. tito-agents adds
+one line, `install(...)` (capture, the served model for agents that name none, every call labelled
+with its agent), and `collector.episode(...)` around each run. Rewards are given after the run,
+per agent: triage for routing to the right specialist, the specialist for an answer that uses its
+tool's result. Each agent's calls are then merged into
 its own trajectories (`tito_agents.assembly.merged`) and written to `--out`.
 """
 
@@ -64,30 +66,28 @@ WEATHER_TASKS = [
 TASKS = [task for pair in zip(BILLING_TASKS, WEATHER_TASKS, strict=True) for task in pair]
 
 
-def build_agents(model: str) -> Agent[Any]:
-    """The triage agent and its two specialists. `tool_choice="required"` makes each agent's first
-    call a tool call (the SDK resets it to "auto" once the agent has used a tool)."""
-    first_tool = ModelSettings(tool_choice="required", max_tokens=64, temperature=1.0)
+def build_agents(max_tokens: int) -> Agent[Any]:
+    """The triage agent and its two specialists, naming no model (as upstream's examples do).
+    `tool_choice="required"` makes each agent's first call a tool call (the SDK resets it to "auto"
+    once the agent has used a tool)."""
+    first_tool = ModelSettings(tool_choice="required", max_tokens=max_tokens, temperature=1.0)
     billing = Agent(
         name="billing",
         instructions="You answer billing questions. Look the invoice up, then answer briefly.",
         tools=[get_invoice],
-        model=model,
         model_settings=first_tool,
     )
     weather = Agent(
         name="weather",
         instructions="You answer weather questions. Look the weather up, then answer briefly.",
         tools=[get_weather],
-        model=model,
         model_settings=first_tool,
     )
     return Agent(
         name="triage",
         instructions="Hand billing and invoice questions to billing, weather questions to weather.",
         handoffs=[billing, weather],
-        model=model,
-        model_settings=ModelSettings(tool_choice="required", max_tokens=64, temperature=1.0),
+        model_settings=first_tool,
     )
 
 
@@ -96,9 +96,9 @@ async def run_episode(
 ) -> tuple[tito.Episode, bool, bool]:
     """One rollout; rewards after the run: triage for routing, the specialist for its answer."""
     collector = capture.collector
-    # A seed per episode makes runs repeatable; capture.run_config() adds tito's agent labels for
-    # setups with tracing off (harmless here) and resolves model names to chat completions.
-    config = capture.run_config(RunConfig(model_settings=ModelSettings(extra_args={"seed": index})))
+    # A seed per episode makes runs repeatable (the run config is the user's own; install's runner
+    # adds tito's agent labels to it and gives agents that name no model the served model).
+    config = RunConfig(model_settings=ModelSettings(extra_body={"seed": index}))
     routed = answered = False
     try:
         async with collector.episode(
@@ -123,6 +123,12 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8765/v1")
     parser.add_argument("--model", default=None, help="default: the first model the server lists")
+    parser.add_argument(
+        "--api",
+        choices=["responses", "chat_completions"],
+        default="responses",
+        help="the OpenAI API the agents' models call (default: the SDK's own, Responses)",
+    )
     parser.add_argument("--episodes", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("agents-samples.jsonl"))
     args = parser.parse_args()
@@ -131,14 +137,14 @@ async def main() -> int:
     # merged trajectories itself, from the episode's calls.
     collector = tito.Collector(tito.sinks.CallbackSink(lambda samples: None), capture_logprobs=True)
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key="EMPTY", timeout=600)
-    # tito-agents, line 1: capture on the chat-completions path, every call labelled with its
-    # agent (from the SDK's tracing spans; replacing the processors also stops trace export).
-    capture = tito_oa.install(collector, client, replace_trace_processors=True)
-    model = args.model or (await capture.client.models.list()).data[0].id
-    triage = build_agents(model)
+    # tito-agents, the one line: capture, the served model for agents that name none, every call
+    # labelled with its agent (from the SDK's tracing spans); no trace upload to OpenAI.
+    capture = tito_oa.install(collector, client, model=args.model, api=args.api)
+    # The SDK fails a Responses call cut by max_output_tokens: leave a small model room to finish.
+    triage = build_agents(160 if args.api == "responses" else 64)
     args.out.unlink(missing_ok=True)
 
-    print(f"running {args.episodes} episodes against {args.base_url} ({model})", file=sys.stderr)
+    print(f"running {args.episodes} episodes against {args.base_url} ({args.api})", file=sys.stderr)
     started = time.time()
     results = await asyncio.gather(
         *(run_episode(capture, triage, TASKS[i % len(TASKS)], i) for i in range(args.episodes))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import operator
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -230,3 +232,25 @@ async def test_send_fan_out(
         assert outcome.calls[(f"fan-{i}", "worker")] == len(topics)
         assert outcome.merged[(f"fan-{i}", "worker")] == len(topics)  # parallel: not one chain
         assert outcome.merged[(f"fan-{i}", "summarizer")] == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "agents"),
+    [
+        ("langgraph_multiagent_supervisor", {"supervisor", "math_expert", "research_expert"}),
+        ("langgraph_multiagent_swarm", {"Alice", "Bob"}),
+    ],
+)
+def test_examples_run_as_programs(
+    name: str, agents: set[str], fake_server: FakeVLLMServer, tmp_path: Path
+) -> None:
+    """Each example runs as the docs say and writes merged samples, one per agent and episode."""
+    out = tmp_path / "samples.jsonl"
+    command = [sys.executable, str(EXAMPLES / f"{name}.py"), "--base-url", fake_server.base_url]
+    options = ["--episodes", "2", "--assembly", "merged", "--out", str(out)]
+    run = subprocess.run([*command, *options], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    samples = list(tito.read_samples(out))
+    assert {s.agent for s in samples} == agents
+    per_agent = Counter((s.episode_id, s.agent) for s in samples)
+    assert set(per_agent.values()) == {1}

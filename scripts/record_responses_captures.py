@@ -59,6 +59,15 @@ CASES: dict[str, dict[str, object]] = {
         **IDS,
         **LOGPROBS,
     },
+    "responses_stream_eos": {
+        "input": "Say hello to Ada.",
+        "max_output_tokens": 20,
+        "temperature": 1.0,
+        "seed": 130,
+        "stream": True,
+        **IDS,
+        **LOGPROBS,
+    },
     "responses_tool_required": {
         "input": ASK,
         "tools": [TOOL],

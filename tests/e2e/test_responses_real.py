@@ -95,22 +95,30 @@ def test_non_streaming_call_is_exact_and_the_caller_sees_no_ids(
     assert len(collector.sink.samples) == 1  # type: ignore[attr-defined]
 
 
-async def test_streaming_call_is_exact(vllm_base_url: str, vllm_model: str) -> None:
+@pytest.mark.parametrize("seed", [130, 131])
+async def test_streaming_call_is_exact(vllm_base_url: str, vllm_model: str, seed: int) -> None:
     """The async client's `responses.stream`: ids from `response.completed`, the same text the
-    caller assembled from the deltas."""
+    caller assembled from the deltas, the same ids a non-streamed twin (same seed) samples. A
+    stream's logprob entries are per text delta: when they cover every id they re-score; a stream
+    that ends with EOS has none for it, so its call has no logprobs (seed 130 ends with EOS) and
+    its twin's are re-scored instead."""
     collector = tito.Collector(capture_logprobs=True)
     client = collector.wrap(openai.AsyncOpenAI(base_url=vllm_base_url, api_key="EMPTY"))
-    async with (
-        collector.episode() as ep,
-        client.responses.stream(
-            model=vllm_model, input="Say hello to Ada.", max_output_tokens=20, temperature=1.0
-        ) as events,
-    ):
-        async for _ in events:
-            pass
-        final = await events.get_final_response()
+    args: dict[str, Any] = {
+        "model": vllm_model,
+        "input": "Say hello to Ada.",
+        "max_output_tokens": 20,
+        "temperature": 1.0,
+        "extra_body": {"seed": seed},
+    }
+    async with collector.episode() as ep:
+        async with client.responses.stream(**args) as events:
+            async for _ in events:
+                pass
+            final = await events.get_final_response()
+        await client.responses.create(**args)
     await client.close()
-    (call,) = ep.calls
+    call, twin = ep.calls
     assert call.status is tito.CallStatus.COMPLETE, call.error
     assert call.stream and call.call_id == f"{final.id}/0"
     assert call.prompt_ids.tolist() == tokenize(
@@ -121,7 +129,14 @@ async def test_streaming_call_is_exact(vllm_base_url: str, vllm_model: str) -> N
         f"{root}/detokenize", json={"tokens": call.sampled_ids.tolist()}, timeout=60
     ).json()["prompt"]
     assert text.removesuffix("<|im_end|>") == final.output_text
-    check_rescored(vllm_base_url, vllm_model, call)
+    assert twin.sampled_ids.tolist() == call.sampled_ids.tolist()
+    check_rescored(vllm_base_url, vllm_model, twin)
+    if call.logprobs is not None:
+        check_rescored(vllm_base_url, vllm_model, call)
+    else:
+        assert call.finish_reason == "stop" and call.sampled_ids[-1] == 2  # ended with EOS
+    if seed == 130:
+        assert call.logprobs is None
 
 
 def test_tool_call_and_multi_turn_with_the_full_input_list(

@@ -84,7 +84,9 @@ def test_body_has_the_real_shape(real_like: FakeVLLM, name: str) -> None:
         ] == len(ours["output_messages"][0]["tokens"])
 
 
-@pytest.mark.parametrize("name", ["responses_stream", "responses_tool_required_stream"])
+@pytest.mark.parametrize(
+    "name", ["responses_stream", "responses_stream_eos", "responses_tool_required_stream"]
+)
 def test_stream_events_have_the_real_shape(real_like: FakeVLLM, name: str) -> None:
     """Every event type the real stream sent has the real shape in the fake's stream; ids and
     sequence numbers count up from 0; only `response.completed` carries the token ids."""
@@ -104,7 +106,9 @@ def test_stream_events_have_the_real_shape(real_like: FakeVLLM, name: str) -> No
         if "response" in event and event["type"] != "response.completed":
             assert event["response"]["input_messages"] is None
     final, real_final = _final(ours), _final(theirs)
-    assert _shape_problems({**final, "output": []}, {**real_final, "output": []}) == []
+    # the fake's model says other words: one may be cut by max_output_tokens, the other not
+    cut = {"output": [], "incomplete_details": None, "status": ""}
+    assert _shape_problems({**final, **cut}, {**real_final, **cut}) == []
     assert final["input_messages"][0]["tokens"] == real_final["input_messages"][0]["tokens"]
 
 
@@ -194,3 +198,23 @@ def test_previous_response_id_is_not_found_as_on_vllm_032(real_like: FakeVLLM) -
     capture = _capture("responses_previous_id")
     result = call(real_like, RESPONSES, capture.request)
     assert result.status == 404 and result.body == capture.json()
+
+
+def test_stream_logprobs_are_per_text_delta_as_on_vllm_032(real_like: FakeVLLM) -> None:
+    """A real stream that ends with EOS (`responses_stream_eos`: 7 ids, 6 entries) has one
+    logprob entry per text delta: none for the EOS. The fake's does the same, while its body
+    has one entry per id."""
+    capture = _capture("responses_stream_eos")
+    real = _final(capture.events())
+    real_entries = real["output"][0]["content"][0]["logprobs"]
+    assert len(real_entries) == len(real["output_messages"][0]["tokens"]) - 1
+    request = {**capture.request, "max_output_tokens": 40}
+    events = call(real_like, RESPONSES, request).events or []
+    final = _final(events)
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    entries = final["output"][0]["content"][0]["logprobs"]
+    assert [e["token"] for e in entries] == [d["logprobs"][0]["token"] for d in deltas]
+    ids = final["output_messages"][0]["tokens"]
+    assert ids[-1] == 2 and len(entries) < len(ids)
+    body = call(real_like, RESPONSES, {**request, "stream": False}).body
+    assert len(body["output"][0]["content"][0]["logprobs"]) == len(ids)

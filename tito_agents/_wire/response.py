@@ -521,7 +521,8 @@ class ResponseParser:
 # saw, `output_messages[0].tokens` what it sampled (EOS included). The output items say what the
 # parsers made of them: `message` (text, with per-token logprobs when asked), `function_call`,
 # `reasoning`. vLLM gives logprobs only for output text: tokens its parsers turn into function
-# calls or reasoning carry none, so such a call keeps exact ids and no logprobs.
+# calls or reasoning carry none, so such a call keeps exact ids and no logprobs. In a stream the
+# entries are per text delta (the EOS has none): unless they cover every id, the call has none.
 
 _RESPONSES_FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _RESPONSE_ID_KEYS = ("input_messages", "output_messages")
@@ -648,11 +649,13 @@ def parse_responses_body(payload: Any, info: RequestInfo) -> ParsedChoice:
         sampled = int(choice.sampled_ids.shape[0])
         if lps is not None and len(lps) == sampled:
             choice.logprobs = np.array(lps, dtype=np.float32)
-        elif lps is not None and not untexted and (lps or payload.get("output")):
-            # text only, yet logprobs that do not cover every sampled id
+        elif lps is not None and not (untexted or info.stream) and (lps or payload.get("output")):
+            # a non-stream text answer has one entry per sampled id (EOS included): not here
             raise TokenCountMismatchError(f"{len(lps)} logprobs for {sampled} sampled ids.")
-        # else: tokens turned into function calls / reasoning (or into no item at all) carry no
-        # logprobs in vLLM 0.32; the ids stay exact, the call has none
+        # else, known gaps of vLLM 0.32, where the ids stay exact and the call has no logprobs:
+        # tokens turned into function calls / reasoning (or into no item at all) carry none, and a
+        # stream's entries are per text delta (none for the EOS, one for the tokens of a
+        # character split across tokens); equal counts mean one entry per id, in order
         usage = payload.get("usage")
         if isinstance(usage, dict):
             for key, ids in (

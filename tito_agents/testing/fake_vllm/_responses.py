@@ -293,7 +293,10 @@ class _ResponsesRun:
         return codec.decode(self.sample.token_ids, skip_special_tokens=True)
 
     def _text_part(self, *, done: bool) -> Json:
-        logprobs = _logprob_entries(self.scored, with_bytes=True) if self.want_logprobs else None
+        scored = self.scored
+        if self.body.get("stream"):  # a stream's final text holds the entries of its deltas
+            scored = [p for _, positions in self._text_deltas() for p in positions]
+        logprobs = _logprob_entries(scored, with_bytes=True) if self.want_logprobs else None
         return {
             "annotations": [],
             "text": self.content if done else "",
@@ -400,17 +403,14 @@ class _ResponsesRun:
         return events
 
     def _text_deltas(self) -> list[tuple[str, list[Scored]]]:
-        """One delta per sampled token that releases text (the last one takes what is left)."""
+        """One delta per sampled token that releases text, with one logprob entry: vLLM 0.32
+        streams logprobs per text delta, so the tokens of a character split across tokens share
+        one entry and tokens that release no text (the EOS) have none."""
         deltas: list[tuple[str, list[Scored]]] = []
-        pending: list[Scored] = []
         for position, step in enumerate(self.sample.steps):
-            if position < len(self.scored):
-                pending.append(self.scored[position])
             if step.text and step.token_id not in self.run.engine.codec.special_ids:
-                deltas.append((step.text, pending))
-                pending = []
-        if pending and deltas:
-            deltas[-1] = (deltas[-1][0], deltas[-1][1] + pending)
+                scored = self.scored[position : position + 1]
+                deltas.append((step.text, scored))
         return deltas
 
 

@@ -164,7 +164,9 @@ class StreamTee:
             self._fail(exc)
             return
         if not self._done:
-            self.close(reason="the stream ended without its final event ([DONE], response.completed)")
+            self.close(
+                reason="the stream ended without its final event ([DONE], response.completed)"
+            )
             return
         self._complete()
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.factories import make_call
 from tests.unit.test_cli_support import _sample, run_cli, write_samples
 from tito_agents.samples import Sample
 from tito_agents.testing.smollm2 import TOOLS_TEMPLATE_PATH, load_tokenizer, tokenizer_dir
@@ -247,27 +248,8 @@ def test_template_check_runs_only_against_a_named_template(
 
 
 def _chat_call(tok: Any, cid: str, messages: list[dict[str, Any]], answer: str) -> Any:
-    from tito_agents.calls import Call, CallStatus, Endpoint
-
-    return Call(
-        call_id=cid,
-        request_id=cid,
-        endpoint=Endpoint.CHAT,
-        choice_index=0,
-        status=CallStatus.COMPLETE,
-        prompt_ids=np.asarray(_prompt(tok, messages), dtype=np.int32),
-        sampled_ids=np.asarray(_enc(tok, answer), dtype=np.int32),
-        logprobs=None,
-        finish_reason="stop",
-        stop_reason=None,
-        model="m",
-        http_status=200,
-        stream=False,
-        started_at=0.0,
-        ended_at=0.0,
-        agent="a",
-        messages=messages,
-    )
+    prompt, sampled = _prompt(tok, messages), _enc(tok, answer)
+    return make_call(cid, prompt, sampled, request_id=cid, agent="a", messages=messages)
 
 
 def test_attached_call_messages_are_measured_end_to_end(

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.factories import make_call
 from tests.unit.test_cli_support import _sample, merged_episode, run_cli, write_samples
 from tito_agents.cli._progress import Progress
 from tito_agents.cli.sources import open_samples
@@ -137,28 +138,10 @@ def _both_views() -> tuple[list[Sample], list[Sample]]:
         EpisodeContext,
         assemble_episode,
     )
-    from tito_agents.calls import Call, CallStatus, Endpoint
+    from tito_agents.calls import Call
 
     def call(cid: str, prompt: list[int], sampled: list[int], reward: float | None) -> Call:
-        return Call(
-            call_id=cid,
-            request_id=cid,
-            endpoint=Endpoint.CHAT,
-            choice_index=0,
-            status=CallStatus.COMPLETE,
-            prompt_ids=np.asarray(prompt, dtype=np.int32),
-            sampled_ids=np.asarray(sampled, dtype=np.int32),
-            logprobs=None,
-            finish_reason="stop",
-            stop_reason=None,
-            model="m",
-            http_status=200,
-            stream=False,
-            started_at=0.0,
-            ended_at=0.0,
-            agent="solver",
-            reward=reward,
-        )
+        return make_call(cid, prompt, sampled, request_id=cid, agent="solver", reward=reward)
 
     both: list[Sample] = []
     for e in range(2):

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.factories import make_call
 from tito_agents.assembly import AssemblyMode, AssemblyOptions, EpisodeContext
 from tito_agents.assembly.merged import assemble_merged
 from tito_agents.assembly.per_call import sample_of_call
-from tito_agents.calls import Call, CallStatus, Endpoint
+from tito_agents.calls import Call
 from tito_agents.samples import CallSpan, Sample
 from tito_agents.sinks import JsonlSink, RotatingFileSink, read_file_samples, read_samples
 from tito_agents.sinks.codec import decode_fields, decode_frame, encode_fields, encode_frame
@@ -102,26 +103,8 @@ def test_rotating_parts_round_trip(tmp_path: Path, suffix: str) -> None:
 
 
 def _call(seq: int, prompt: list[int], sampled: list[int], constrained: str | None) -> Call:
-    lp = np.full(len(sampled), -0.1, dtype=np.float32)
-    return Call(
-        call_id=f"r{seq}/0",
-        request_id=f"r{seq}",
-        endpoint=Endpoint.CHAT,
-        choice_index=0,
-        status=CallStatus.COMPLETE,
-        prompt_ids=np.array(prompt, dtype=np.int32),
-        sampled_ids=np.array(sampled, dtype=np.int32),
-        logprobs=lp,
-        finish_reason="stop",
-        stop_reason=None,
-        model="m",
-        http_status=200,
-        stream=False,
-        started_at=0.0,
-        ended_at=0.0,
-        seq=seq,
-        agent="a",
-        constrained=constrained,
+    return make_call(
+        f"r{seq}/0", prompt, sampled, logprob=-0.1, seq=seq, agent="a", constrained=constrained
     )
 
 

@@ -8,29 +8,15 @@ import numpy as np
 import pytest
 
 import tito_agents as tito
+from tests import factories
 from tito_agents.assembly import per_call_samples
-from tito_agents.calls import Call, CallStatus, Endpoint
+from tito_agents.calls import Call, CallStatus
 from tito_agents.sinks.jsonl import encode_sample
 
 
 def make_call(i: int, prompt: list[int], sampled: list[int], *, lp: bool = True) -> Call:
-    return Call(
-        call_id=f"resp{i}/0",
-        request_id=f"resp{i}",
-        endpoint=Endpoint.CHAT,
-        choice_index=0,
-        status=CallStatus.COMPLETE,
-        prompt_ids=np.array(prompt, dtype=np.int32),
-        sampled_ids=np.array(sampled, dtype=np.int32),
-        logprobs=np.array([-0.5] * len(sampled), dtype=np.float32) if lp else None,
-        finish_reason="stop",
-        stop_reason=None,
-        model="m",
-        http_status=200,
-        stream=False,
-        started_at=0.0,
-        ended_at=1.0,
-        seq=i,
+    return factories.make_call(
+        f"resp{i}/0", prompt, sampled, logprob=-0.5 if lp else None, seq=i, ended_at=1.0
     )
 
 

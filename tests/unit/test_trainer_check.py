@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.factories import make_call
+
 torch = pytest.importorskip("torch", reason="the trainer check needs torch")
 transformers = pytest.importorskip("transformers", reason="the trainer check needs transformers")
 
-from tito_agents.calls import Call, CallStatus, Endpoint  # noqa: E402
+from tito_agents.calls import Call  # noqa: E402
 from tito_agents.cli.main import main as cli_main  # noqa: E402
 from tito_agents.samples import CallSpan, Sample  # noqa: E402
 from tito_agents.trainer_check import (  # noqa: E402
@@ -174,24 +176,7 @@ def test_masked_tokens_take_no_rollout_logprob(batch: list[Sample]) -> None:
 
 
 def _call(call_id: str, messages: list[dict[str, Any]], sampled: list[int]) -> Call:
-    return Call(
-        call_id=call_id,
-        request_id=call_id,
-        endpoint=Endpoint.CHAT,
-        choice_index=0,
-        status=CallStatus.COMPLETE,
-        prompt_ids=np.zeros(1, dtype=np.int32),
-        sampled_ids=np.asarray(sampled, dtype=np.int32),
-        logprobs=np.full(len(sampled), -0.5, dtype=np.float32),
-        finish_reason="stop",
-        stop_reason=None,
-        model="m",
-        http_status=200,
-        stream=False,
-        started_at=0.0,
-        ended_at=0.0,
-        messages=messages,
-    )
+    return make_call(call_id, [0], sampled, logprob=-0.5, request_id=call_id, messages=messages)
 
 
 def test_text_pipeline_counts_a_non_canonical_spelling() -> None:

@@ -50,6 +50,19 @@ def client_for(server: FakeVLLMServer, collector: tito.Collector) -> openai.Open
     return collector.wrap(openai.OpenAI(base_url=server.base_url, api_key=SECRET, max_retries=0))
 
 
+FORCED: dict[str, Any] = {
+    "model": MODEL_NAME,
+    "tools": TOOLS,
+    "tool_choice": "required",
+    "max_tokens": 60,
+}
+
+
+def forced_call(client: openai.OpenAI) -> None:
+    """One chat call with a forced tool choice (vLLM samples it through a grammar mask)."""
+    client.chat.completions.create(messages=[{"role": "user", "content": "Weather?"}], **FORCED)
+
+
 def run_episode(client: openai.OpenAI, collector: tito.Collector, forced: Any) -> None:
     with collector.episode() as episode:
         episode.reward = 1.0
@@ -123,13 +136,7 @@ def test_rescoring_sends_one_batched_request_per_episode(server: FakeVLLMServer)
     seen: list[int] = []
     with collector.episode():
         for _ in range(3):
-            client.chat.completions.create(
-                model=MODEL_NAME,
-                messages=[{"role": "user", "content": "Weather?"}],
-                tools=TOOLS,
-                tool_choice="required",
-                max_tokens=60,
-            )
+            forced_call(client)
         seen.append(collector.stats.rescored_calls)  # nothing re-scored during the episode
     assert seen == [0]
     assert collector.stats.rescored_calls == 3
@@ -142,13 +149,7 @@ def test_a_server_that_cannot_rescore_leaves_the_flag_and_a_reason() -> None:
         client = client_for(gone, collector)
         episode = collector.episode()
         episode.__enter__()
-        client.chat.completions.create(
-            model=MODEL_NAME,
-            messages=[{"role": "user", "content": "Weather?"}],
-            tools=TOOLS,
-            tool_choice="required",
-            max_tokens=60,
-        )
+        forced_call(client)
     episode.__exit__(None, None, None)  # the server is down when the episode ends
     (sample,) = collector.sink.samples
     (span,) = sample.spans
@@ -166,13 +167,7 @@ def test_a_refused_batch_is_retried_call_by_call(server: FakeVLLMServer) -> None
     client = client_for(server, collector)
     with collector.episode() as episode:
         for _ in range(2):
-            client.chat.completions.create(
-                model=MODEL_NAME,
-                messages=[{"role": "user", "content": "Weather?"}],
-                tools=TOOLS,
-                tool_choice="required",
-                max_tokens=60,
-            )
+            forced_call(client)
         episode.calls[0].sampled_ids = episode.calls[0].sampled_ids.copy()
         episode.calls[0].sampled_ids[0] = 10**8  # out of the vocabulary: refused with HTTP 400
     bad, good = collector.sink.samples
@@ -193,11 +188,7 @@ def test_async_episode_rescores_on_the_event_loop(server: FakeVLLMServer) -> Non
             await asyncio.gather(
                 *(
                     client.chat.completions.create(
-                        model=MODEL_NAME,
-                        messages=[{"role": "user", "content": f"Weather {i}?"}],
-                        tools=TOOLS,
-                        tool_choice="required",
-                        max_tokens=60,
+                        messages=[{"role": "user", "content": f"Weather {i}?"}], **FORCED
                     )
                     for i in range(4)
                 )

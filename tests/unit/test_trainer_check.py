@@ -176,7 +176,7 @@ def test_masked_tokens_take_no_rollout_logprob(batch: list[Sample]) -> None:
 
 
 def _call(call_id: str, messages: list[dict[str, Any]], sampled: list[int]) -> Call:
-    return make_call(call_id, [0], sampled, logprob=-0.5, request_id=call_id, messages=messages)
+    return make_call(call_id, [0], sampled, logprob=-0.5, messages=messages)
 
 
 def test_text_pipeline_counts_a_non_canonical_spelling() -> None:

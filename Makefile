@@ -12,8 +12,9 @@ export TITO_VLLM_PORT ?= 8765
 
 .PHONY: demo rl-step wheels test test-core test-fast e2e bench lint typecheck vllm vllm-stop dev clean sysdeps
 
-# Real services the tests drive: Redis (sinks) and Chromium (the HTML sample inspector).
-SYSDEPS := redis-server:redis-server chromium:chromium
+# Real services the tests drive: Redis (sinks), Chromium (the HTML sample inspector) and Node.js
+# with npm (the official openai Node client through the capture gateway).
+SYSDEPS := redis-server:redis-server chromium:chromium node:nodejs npm:npm
 sysdeps:
 	@missing=""; for dep in $(SYSDEPS); do command -v $${dep%%:*} >/dev/null || missing="$$missing $${dep#*:}"; done; \
 	if [ -n "$$missing" ]; then \

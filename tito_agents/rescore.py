@@ -10,16 +10,19 @@ the free model gives each sampled id is stored in `Call.policy_logprobs`. Nothin
 call the server cannot re-score keeps its flag and `Call.rescore_error` says why.
 
 Sans-IO: `plan` groups calls into batched requests and `apply` reads an answer; `rescore` (sync,
-`httpx.Client`) and `arescore` (async, `httpx.AsyncClient`) only do the I/O.
+a `Client` of httpx2 or httpx, whichever the openai SDK brought) and `arescore` (async) only do
+the I/O.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
-import httpx
 import numpy as np
 import orjson
 
@@ -149,6 +152,16 @@ def _split(request: RescoreRequest) -> list[RescoreRequest]:
     return [RescoreRequest(request.endpoint, [c], request_body(model, [c])) for c in request.calls]
 
 
+def _http() -> ModuleType:
+    """The HTTP library the openai SDK installed: httpx2 (openai >= 3) or httpx."""
+    for name in ("httpx2", "httpx"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("re-scoring needs httpx2 or httpx (installed with the openai package)")
+
+
 def _post_kwargs(request: RescoreRequest) -> dict[str, object]:
     headers = {"content-type": "application/json", **dict(request.endpoint.headers)}
     return {"content": request.body, "headers": headers}
@@ -160,13 +173,15 @@ def rescore(calls: Iterable[Call], *, timeout: float = TIMEOUT_S) -> int:
     if not pending:
         return 0
     done = 0
-    with httpx.Client(timeout=timeout) as client:
+    http = _http()
+    client: Any
+    with http.Client(timeout=timeout) as client:
         while pending:
             request = pending.pop(0)
             try:
-                response = client.post(request.endpoint.url, **_post_kwargs(request))  # type: ignore[arg-type]
+                response = client.post(request.endpoint.url, **_post_kwargs(request))
                 status, body, error = response.status_code, response.content, None
-            except httpx.HTTPError as exc:
+            except http.HTTPError as exc:
                 status, body, error = None, b"", f"re-scoring request failed: {exc!r}"
             got = apply(request, status, body, error)
             if got == 0 and status is not None and status >= 400:
@@ -182,13 +197,15 @@ async def arescore(calls: Iterable[Call], *, timeout: float = TIMEOUT_S) -> int:
     pending = plan(calls)
     if not pending:
         return 0
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    http = _http()
+    client: Any
+    async with http.AsyncClient(timeout=timeout) as client:
 
         async def one(request: RescoreRequest) -> int:
             try:
-                response = await client.post(request.endpoint.url, **_post_kwargs(request))  # type: ignore[arg-type]
+                response = await client.post(request.endpoint.url, **_post_kwargs(request))
                 status, body, error = response.status_code, response.content, None
-            except httpx.HTTPError as exc:
+            except http.HTTPError as exc:
                 status, body, error = None, b"", f"re-scoring request failed: {exc!r}"
             got = apply(request, status, body, error)
             if got == 0 and status is not None and status >= 400:

@@ -288,3 +288,12 @@ def test_attached_call_messages_are_measured_end_to_end(
         ["drift", path, "--tokenizer", tokenizer_dir(), "--chat-template", other, "--json"], capsys
     )
     assert code == 0 and json.loads(out)["template_rerender"]["drifted"] == 4
+
+
+def test_empty_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty samples file is not a report of zeros: exit 2 with one line saying it is empty."""
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(b"")
+    code, out, err = run_cli(["drift", path, "--tokenizer", tokenizer_dir()], capsys)
+    assert code == 2 and out == ""
+    assert "holds no samples" in err and str(path) in err

@@ -76,12 +76,13 @@ def request_body(model: str | None, calls: list[Call]) -> bytes:
     return orjson.dumps(
         {
             "model": model,
-            "prompt": [c.token_ids.tolist() for c in calls],
+            "prompt": [c.token_ids for c in calls],  # numpy arrays: no Python int lists
             "max_tokens": 1,
             "temperature": 0.0,
             "prompt_logprobs": 0,
             "return_token_ids": False,
-        }
+        },
+        option=orjson.OPT_SERIALIZE_NUMPY,
     )
 
 
@@ -162,6 +163,17 @@ def _http() -> ModuleType:
     raise ImportError("re-scoring needs httpx2 or httpx (installed with the openai package)")
 
 
+def _answered(request: RescoreRequest, response: Any) -> tuple[int, list[RescoreRequest]]:
+    """Apply an answer (a response, or the transport error raised instead) to `request`'s calls,
+    shared by both runners: how many got logprobs, and the per-call retries of a refused batch."""
+    if isinstance(response, Exception):
+        apply(request, None, b"", f"re-scoring request failed: {response!r}")
+        return 0, []
+    got = apply(request, response.status_code, response.content)
+    refused = got == 0 and response.status_code >= 400
+    return got, _split(request) if refused else []
+
+
 def _post_kwargs(request: RescoreRequest) -> dict[str, object]:
     headers = {"content-type": "application/json", **dict(request.endpoint.headers)}
     return {"content": request.body, "headers": headers}
@@ -180,12 +192,10 @@ def rescore(calls: Iterable[Call], *, timeout: float = TIMEOUT_S) -> int:
             request = pending.pop(0)
             try:
                 response = client.post(request.endpoint.url, **_post_kwargs(request))
-                status, body, error = response.status_code, response.content, None
             except http.HTTPError as exc:
-                status, body, error = None, b"", f"re-scoring request failed: {exc!r}"
-            got = apply(request, status, body, error)
-            if got == 0 and status is not None and status >= 400:
-                pending[:0] = _split(request)
+                response = exc
+            got, retry = _answered(request, response)
+            pending[:0] = retry
             done += got
     return done
 
@@ -204,12 +214,9 @@ async def arescore(calls: Iterable[Call], *, timeout: float = TIMEOUT_S) -> int:
         async def one(request: RescoreRequest) -> int:
             try:
                 response = await client.post(request.endpoint.url, **_post_kwargs(request))
-                status, body, error = response.status_code, response.content, None
             except http.HTTPError as exc:
-                status, body, error = None, b"", f"re-scoring request failed: {exc!r}"
-            got = apply(request, status, body, error)
-            if got == 0 and status is not None and status >= 400:
-                return sum(await asyncio.gather(*(one(r) for r in _split(request))))
-            return got
+                response = exc
+            got, retry = _answered(request, response)
+            return got + sum(await asyncio.gather(*(one(r) for r in retry)))
 
         return sum(await asyncio.gather(*(one(r) for r in pending)))

@@ -296,9 +296,10 @@ def test_retried_responses_request_yields_one_call() -> None:
     assert collector.stats.failed_attempts == 2
 
 
-def test_a_session_episode_renders_responses_calls_on_the_server() -> None:
-    """Token-in sessions cover chat completions: a Responses call in a session episode is sent
-    as it came (no token prompt) and marked a fallback with the reason; its ids stay exact."""
+def test_a_session_episode_starts_a_session_with_a_responses_call() -> None:
+    """The first Responses call of a session episode is sent as it came (no token prompt: the
+    session has no turn yet) and noted `first`; its ids stay exact. Later turns:
+    tests/integration/test_sessions_responses_fake.py."""
     cap = load_capture("real/responses_multi_turn_tool")
     replay = Replay([cap])
     client, _ = replay_clients(replay)
@@ -308,7 +309,7 @@ def test_a_session_episode_renders_responses_calls_on_the_server() -> None:
         run_sync(client, cap)
     (call,) = ep.calls
     assert call.status is tito.CallStatus.COMPLETE
-    assert call.session == "fallback" and "chat completions only" in (call.session_reason or "")
+    assert call.session == "first" and call.session_reason is None
     assert "kv_transfer_params" not in replay.received[0]
     check_call(call, cap, logprobs=True)
 

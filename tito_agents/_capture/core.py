@@ -23,6 +23,7 @@ from tito_agents._wire import (
     endpoint_for_path,
     prepare_request,
 )
+from tito_agents._wire.responses_chat import chat_view
 from tito_agents.calls import EMPTY_IDS, Call, CallStatus, Endpoint, SessionNote
 from tito_agents.config import CaptureSettings, CaptureStats, ErrorPolicy, OutsideEpisode
 from tito_agents.errors import (
@@ -33,13 +34,10 @@ from tito_agents.sessions import SessionDecision, Turn
 
 logger = logging.getLogger("tito_agents")
 
-_RESPONSES_NO_SESSION = (
-    "token-in sessions cover chat completions only; the Responses API call was rendered by the "
-    "server (its prompt ids are still the server's own)"
-)
-
 if TYPE_CHECKING:
     from tito_agents.episodes import Episode, EpisodeProcessor
+
+_SESSION_ENDPOINTS = frozenset({Endpoint.CHAT, Endpoint.RESPONSES})
 
 
 class CaptureCore:
@@ -111,15 +109,19 @@ class CaptureCore:
         wants_session = episode.sessions if episode.sessions is not None else self.sessions
         if (
             wants_session
-            and info.endpoint is Endpoint.CHAT
+            and info.endpoint in _SESSION_ENDPOINTS
             and episode is not self.default_episode
             and info.payload is not None
         ):
-            info.want_message = True
-            session = pending.session = episode._session_for(pending.agent)
-            pending.plan = self._session_plan(session, info.payload, f"{host}:{port}")
-        elif wants_session and info.endpoint is Endpoint.RESPONSES:
-            pending.session_fallback = _RESPONSES_NO_SESSION
+            # a Responses request is planned as the chat conversation the server renders it as
+            chat = info.payload if info.endpoint is Endpoint.CHAT else chat_view(info.payload)
+            if isinstance(chat, str):
+                pending.session_fallback = chat
+            else:
+                info.want_message = True
+                pending.session_payload = chat
+                session = pending.session = episode._session_for(pending.agent)
+                pending.plan = self._session_plan(session, chat, f"{host}:{port}")
         self.stats.requests += 1
         return new_body, pending
 
@@ -281,7 +283,7 @@ class CaptureCore:
         """Note how each call's prompt was made; complete calls become turns of the session."""
         session = pending.session
         decision = pending.decision or SessionDecision(None, SessionNote.FIRST)
-        payload = pending.info.payload or {}
+        payload = pending.session_payload or {}
         messages = payload.get("messages") if isinstance(payload.get("messages"), list) else []
         assert session is not None
         for call, choice in zip(calls, choices, strict=True):

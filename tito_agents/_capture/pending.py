@@ -35,7 +35,11 @@ class PendingCall:
     """Token-in session mode: the request plan the transport drives before sending."""
     decision: SessionDecision | None = None
     session_fallback: str | None = None
-    """Why a call of a session episode is not planned as a session turn (Responses API)."""
+    """Why a call of a session episode is not planned as a session turn (a Responses request
+    the chat conversion does not cover, e.g. server-held history)."""
+    session_payload: dict[str, Any] | None = None
+    """The chat request the session plans with: the request itself, or the chat conversation a
+    Responses request renders as (`_wire.responses_chat.chat_view`)."""
     scoring: ScoringEndpoint | None = None
     """Where a constrained call is re-scored at the episode's end (re-scoring on)."""
     session_ms: float | None = None

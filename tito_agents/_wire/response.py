@@ -14,6 +14,7 @@ import orjson
 
 from tito_agents._wire.fastpath import _BodySegments, _FallBack, _id_array
 from tito_agents._wire.request import RequestInfo
+from tito_agents._wire.responses_chat import assistant_message
 from tito_agents.calls import Endpoint, IdArray, LogprobArray
 from tito_agents.errors import (
     CaptureError,
@@ -637,6 +638,8 @@ def parse_responses_body(payload: Any, info: RequestInfo) -> ParsedChoice:
             payload.get("output") or [], want_logprobs=info.wants_logprobs
         )
         choice.tool_calls, choice.reasoning = tool_calls, reasoning
+        if info.want_message:  # token-in sessions compare it with the next request's input
+            choice.message = assistant_message(payload.get("output"))
         choice.finish_reason = _responses_finish(payload, tool_calls)
         choice.prompt_ids = _engine_tokens(payload, "input_messages")
         choice.sampled_ids = _engine_tokens(payload, "output_messages")

@@ -40,6 +40,10 @@ Anything else falls back to normal rendering for that call, with the reason reco
 (`Call.session`): history that is not append-only, a server without `/tokenize` or one that
 ignored the token prompt. Sampled ids are never re-encoded.
 
+Responses API requests are planned here too, as the chat conversation the server renders them as
+(`tito_agents._wire.responses_chat`: the request's `chat_view`, the response's output items as the
+assistant message): one planner for both APIs.
+
 The request side is a generator (`plan`) that yields the `/tokenize` payloads it needs and receives
 their results, so the sync and async transports drive the same logic with their own I/O.
 """

@@ -18,8 +18,9 @@ from typing import Any
 
 import orjson
 
+from tito_agents import rescore
 from tito_agents._capture import CaptureCore, PendingCall, StreamTee
-from tito_agents.calls import ScoringEndpoint
+from tito_agents.calls import Endpoint, ScoringEndpoint
 
 logger = logging.getLogger("tito_agents")
 
@@ -156,7 +157,10 @@ def _decide(core: CaptureCore, request: Any) -> tuple[bytes, PendingCall] | None
     if decision is None:
         return None
     new_body, pending = decision
-    if pending.info.constrained is not None and core.settings.rescore_constrained:
+    info = pending.info
+    if core.settings.rescore_constrained and rescore.scored_later(
+        info.constrained, info.endpoint is Endpoint.RESPONSES and info.wants_logprobs
+    ):
         pending.scoring = _scoring_endpoint(request)
     return (body if new_body is None else new_body), pending
 

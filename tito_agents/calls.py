@@ -126,9 +126,10 @@ class Call:
     constrained call are those of the grammar-masked distribution."""
     policy_logprobs: LogprobArray | None = None
     """The policy's own logprobs of the sampled ids, re-scored without the mask (one per sampled
-    id); set at the episode's end when the collector re-scores constrained calls."""
+    id); set at the episode's end when the collector re-scores constrained calls, and calls the
+    server returned without a logprob for every sampled id (Responses API)."""
     rescore_error: str | None = None
-    """Why re-scoring this constrained call failed (its flag stays; nothing is guessed)."""
+    """Why re-scoring this call failed (its flag stays; nothing is guessed)."""
     tool_calls: list[dict[str, Any]] | None = None
     """Responses API: the function calls the response made, one dict per `function_call` output
     item (`call_id`, `name`, `arguments` as the JSON text the model wrote, `id`); None when it made

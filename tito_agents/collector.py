@@ -73,7 +73,9 @@ class Collector:
         distribution there. At each episode's end, those calls' ids are re-scored by the same
         server (`/v1/completions`, token prompt, `prompt_logprobs`), batched, off the agent's
         calls; stored as `Sample.policy_logprobs` beside the rollout `logprobs`
-        (`tito_agents.rescore`). Off by default: it costs one server pass per constrained call.
+        (`tito_agents.rescore`). Responses API calls that asked for logprobs and came back without
+        one for every sampled id (vLLM 0.32 gives none for function-call and reasoning tokens, nor
+        a stream's EOS) are re-scored too. Off by default: it costs one server pass per such call.
     assembly: `AssemblyMode` or its string: "per_call" (one sample per call), "merged" (an agent's
         calls merged into one sequence wherever each prompt extends the previous one; see
         `tito_agents.assembly.merged`) or "both" (both kinds to the same sink; train on one of them).

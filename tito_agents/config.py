@@ -75,7 +75,8 @@ class CaptureSettings:
     policy_version: str | None = None
     end_of_turn_id: int | None = None
     rescore_constrained: bool = False
-    """Re-score constrained calls at the episode's end for the policy's own logprobs."""
+    """Re-score constrained calls (and Responses calls returned without logprobs) at the episode's
+    end for the policy's own logprobs."""
     session_history: SessionHistory = SessionHistory.TEMPLATE
     """Token-in sessions where the template re-renders history differently (`SessionHistory`)."""
     learned_end_of_turn: dict[tuple[str, ...], Any] = field(default_factory=dict)
@@ -118,9 +119,10 @@ class CaptureStats:
     constrained_calls: int = 0
     """Complete calls sampled under a constraint (forced tool choice, structured output)."""
     rescored_calls: int = 0
-    """Constrained calls whose policy logprobs were recovered by re-scoring."""
+    """Calls whose policy logprobs were recovered by re-scoring (constrained calls, and Responses
+    calls the server returned without logprobs for every sampled id)."""
     rescore_failures: int = 0
-    """Constrained calls re-scoring could not recover (`Call.rescore_error` says why)."""
+    """Calls re-scoring could not recover (`Call.rescore_error` says why)."""
     delivery: ExportStats | None = None
     """What the buffer in front of the sink did after accepting samples (retries, spills,
     refusals; `tito_agents.sinks.ExportStats`); None when the sink has no buffer."""

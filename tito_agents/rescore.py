@@ -1,13 +1,19 @@
-"""Re-scoring constrained calls: the policy's own logprobs of ids sampled through a grammar mask.
+"""Re-scoring: the policy's own logprobs of ids sampled through a grammar mask, or returned
+without logprobs.
 
 vLLM samples a forced tool choice or a structured output through a grammar mask and returns the
 logprobs of the *masked* distribution: up to 15 nats away from what a trainer recomputes, so PPO/GRPO
-importance ratios on those tokens are meaningless. When the collector is asked to
-(`Collector(rescore_constrained=True)`), each constrained call's `prompt + sampled` ids are sent back
-to the same server at the episode's end as a token prompt of `/v1/completions` with
-`prompt_logprobs=0` (one generated token, greedy: nothing is sampled that matters), and the logprob
-the free model gives each sampled id is stored in `Call.policy_logprobs`. Nothing is ever guessed: a
-call the server cannot re-score keeps its flag and `Call.rescore_error` says why.
+importance ratios on those tokens are meaningless. And vLLM 0.32's Responses API returns no logprobs
+for output tokens its parsers turned into function calls or reasoning, nor (in a stream) for the
+EOS: such a call has exact ids and `logprobs=None`, and a merged sample holding it none at all.
+When the collector is asked to (`Collector(rescore_constrained=True)`), each constrained call, and
+each Responses call that asked for logprobs and came back without them for every sampled id, has
+its `prompt + sampled` ids sent back to the same server at the episode's end as a token prompt of
+`/v1/completions` with `prompt_logprobs=0` (one generated token, greedy: nothing is sampled that
+matters), and the logprob the free model gives each sampled id is stored in
+`Call.policy_logprobs` (its spans say `logprob_source="rescored"`; the rollout `logprobs` stay as
+vLLM returned them, never filled). Nothing is ever guessed: a call the server cannot re-score
+keeps its flag and `Call.rescore_error` says why.
 
 Sans-IO: `plan` groups calls into batched requests and `apply` reads an answer; `rescore` (sync,
 a `Client` of httpx2 or httpx, whichever the openai SDK brought) and `arescore` (async) only do
@@ -45,16 +51,30 @@ class RescoreRequest:
 
 
 def wanted(calls: Iterable[Call]) -> list[Call]:
-    """Complete constrained calls that carry a scoring endpoint and no policy logprobs yet."""
+    """Complete calls that carry a scoring endpoint and no policy logprobs yet, and are either
+    constrained or lack a rollout logprob for some sampled id."""
     return [
         c
         for c in calls
         if c.status is CallStatus.COMPLETE
-        and c.constrained is not None
         and c.scoring is not None
         and c.policy_logprobs is None
         and c.num_sampled > 0
+        and (c.constrained is not None or not has_rollout_logprobs(c))
     ]
+
+
+def has_rollout_logprobs(call: Call) -> bool:
+    """Whether the server returned a logprob for every sampled id of `call`."""
+    lp = call.logprobs
+    return lp is not None and lp.shape == call.sampled_ids.shape
+
+
+def scored_later(constrained: str | None, responses_logprobs: bool) -> bool:
+    """Whether a request's call may need re-scoring at the episode's end (re-scoring on): a
+    constrained one (masked logprobs), or a Responses one that asks for logprobs (vLLM 0.32 leaves
+    out those of function-call and reasoning tokens and of a stream's EOS)."""
+    return constrained is not None or responses_logprobs
 
 
 def plan(calls: Iterable[Call], batch_size: int = BATCH_SIZE) -> list[RescoreRequest]:
@@ -180,7 +200,8 @@ def _post_kwargs(request: RescoreRequest) -> dict[str, object]:
 
 
 def rescore(calls: Iterable[Call], *, timeout: float = TIMEOUT_S) -> int:
-    """Re-score the constrained calls among `calls` (blocking). Returns how many got logprobs."""
+    """Re-score the calls among `calls` that need it (`wanted`; blocking). Returns how many got
+    logprobs."""
     pending = plan(calls)
     if not pending:
         return 0

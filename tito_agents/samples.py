@@ -50,10 +50,11 @@ class CallSpan:
     logprob_source: str | None = None
     """What the span's logprobs are: "policy" (free sampling: `Sample.logprobs` are the policy's
     own), "masked" (constrained: `Sample.logprobs` are those of the masked distribution, unusable
-    for importance ratios), "rescored" (constrained: `Sample.policy_logprobs` holds the policy's
-    own, re-scored), None (no logprobs captured)."""
+    for importance ratios), "rescored" (constrained, or returned without logprobs, as vLLM's
+    Responses API does for function-call tokens: `Sample.policy_logprobs` holds the policy's own,
+    re-scored; `Sample.logprobs` is never filled in for them), None (no logprobs captured)."""
     rescore_error: str | None = None
-    """Why a constrained span could not be re-scored."""
+    """Why a span could not be re-scored."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -235,3 +235,35 @@ def test_previous_response_id_is_refused_by_default_vllm(
             )
     assert [c.status for c in ep.calls] == [tito.CallStatus.COMPLETE]
     assert collector.stats.failed_attempts == 1
+
+
+def test_a_stream_without_logprobs_is_rescored(vllm_base_url: str, vllm_model: str) -> None:
+    """vLLM 0.32 streams Responses logprobs per text delta, none for the EOS: a streamed answer
+    that stops has exact ids and no logprobs. With re-scoring on it gets the policy's own, flagged
+    `rescored`, and they match the rollout logprobs of the same greedy answer unstreamed."""
+    collector = tito.Collector(capture_logprobs=True, rescore_constrained=True)
+    client = collector.wrap(openai.OpenAI(base_url=vllm_base_url, api_key="EMPTY"))
+    ask: dict[str, Any] = dict(
+        model=vllm_model,
+        instructions=INSTRUCTIONS,
+        input="Say hello in three words.",
+        max_output_tokens=48,
+        temperature=0.0,
+    )
+    with client, collector.episode() as ep:
+        client.responses.create(**ask)
+        with client.responses.stream(**ask) as events:
+            events.get_final_response()
+    plain, streamed = sorted(ep.calls, key=lambda c: c.seq)
+    assert streamed.finish_reason == "stop", streamed.finish_reason  # ended on EOS
+    assert np.array_equal(plain.sampled_ids, streamed.sampled_ids)  # greedy: the same answer
+    assert plain.logprobs is not None and plain.policy_logprobs is None  # not re-scored
+    assert streamed.logprobs is None and streamed.policy_logprobs is not None
+    assert streamed.rescore_error is None
+    mean = float(np.abs(streamed.policy_logprobs - plain.logprobs).mean())
+    assert mean <= MEAN_TOL, mean
+    samples = {s.call_ids[0]: s for s in collector.sink.samples}  # type: ignore[attr-defined]
+    assert samples[streamed.call_id].spans[0].logprob_source == "rescored"
+    assert samples[plain.call_id].spans[0].logprob_source == "policy"
+    assert collector.stats.rescored_calls == 1
+    print(f"\nre-scored stream of {streamed.num_sampled} ids: mean |Δ| {mean:.4f}")

@@ -17,7 +17,9 @@ import openai
 import pytest
 
 import tito_agents as tito
+from tests.e2e.test_capture_real import MAX_TOL, MEAN_TOL
 from tests.e2e.test_responses_real import ASK, CHAT_TOOL, INSTRUCTIONS, TOOL, tokenize
+from tests.rescoring import rescore_sample
 from tito_agents.testing.smollm2 import load_tokenizer
 
 pytestmark = pytest.mark.e2e
@@ -50,7 +52,12 @@ def responses_episode(client: openai.OpenAI, model: str) -> list[dict[str, Any]]
 def test_responses_session_is_token_in_and_one_exact_sample(
     vllm_base_url: str, vllm_model: str
 ) -> None:
-    collector = tito.Collector(capture_logprobs=True, assembly="merged", tokenizer=load_tokenizer())
+    collector = tito.Collector(
+        capture_logprobs=True,
+        rescore_constrained=True,
+        assembly="merged",
+        tokenizer=load_tokenizer(),
+    )
     client = collector.wrap(openai.OpenAI(base_url=vllm_base_url, api_key="EMPTY"), sessions=True)
     with client, collector.episode() as ep:
         responses_episode(client, vllm_model)
@@ -95,8 +102,14 @@ def test_responses_session_is_token_in_and_one_exact_sample(
     )
     trained = np.concatenate([c.sampled_ids for c in calls])
     assert np.array_equal(sample.token_ids[sample.loss_mask.astype(bool)], trained)
+    # the forced function call came back without logprobs (and masked): re-scored, so the one
+    # sample has the policy's logprob on every trained token, as a re-scoring of it gives
+    assert sample.spans[0].logprob_source == "rescored" and sample.policy_logprobs is not None
+    again = rescore_sample(vllm_base_url, vllm_model, sample, policy=True)
+    assert again.mean_abs < MEAN_TOL and again.max_abs < MAX_TOL, again
     print(
         f"\nresponses session: {[c.session for c in calls]}, "
         f"tool calls {[bool(c.tool_calls) for c in calls]}, sample of {sample.token_ids.shape[0]} "
-        f"tokens, {int(sample.loss_mask.sum())} trained"
+        f"tokens, {int(sample.loss_mask.sum())} trained, re-scored policy logprobs mean |Δ| "
+        f"{again.mean_abs:.4f}"
     )

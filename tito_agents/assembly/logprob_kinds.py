@@ -2,9 +2,10 @@
 per-call and merged assemblers).
 
 vLLM returns, for a call sampled under a constraint (forced tool choice, structured output), the
-logprobs of the grammar-masked distribution; re-scoring (`tito_agents.rescore`) recovers the
-policy's own. A sample says which kind each span holds and, when some span was re-scored, carries
-the policy's logprob on every trained token in `Sample.policy_logprobs`.
+logprobs of the grammar-masked distribution, and for some Responses calls none at all (tokens that
+became function calls or reasoning); re-scoring (`tito_agents.rescore`) recovers the policy's own.
+A sample says which kind each span holds and, when some span was re-scored, carries the policy's
+logprob on every trained token in `Sample.policy_logprobs`.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ RESCORED = "rescored"
 
 
 def logprob_source(call: Call) -> str | None:
-    """What the call's logprobs are (see `CallSpan.logprob_source`)."""
-    if call.constrained is None:
-        return POLICY if call.logprobs is not None else None
+    """What the call's logprobs are (see `CallSpan.logprob_source`): re-scored ones win (a
+    constrained call's, or those of a call the server returned without logprobs)."""
     if _has_policy(call):
         return RESCORED
+    if call.constrained is None:
+        return POLICY if call.logprobs is not None else None
     return MASKED if call.logprobs is not None else None
 
 
@@ -34,7 +36,7 @@ def span_flags(call: Call) -> dict[str, str | None]:
     return {
         "constrained": call.constrained,
         "logprob_source": logprob_source(call),
-        "rescore_error": call.rescore_error if call.constrained is not None else None,
+        "rescore_error": call.rescore_error,
     }
 
 
@@ -42,11 +44,14 @@ def policy_logprobs(total: int, placed: Sequence[tuple[int, Call]]) -> LogprobAr
     """The policy's logprob on every trained token of a sample of `total` positions, where
     `placed` lists each call with the position of its first sampled token; None unless some call
     was re-scored and every call has policy logprobs (re-scored, or its free-sampling logprobs)."""
-    if not any(c.constrained is not None and _has_policy(c) for _, c in placed):
+    if not any(_has_policy(c) for _, c in placed):
         return None
     out = np.zeros(total, dtype=np.float32)
     for start, call in placed:
-        values = call.policy_logprobs if call.constrained is not None else call.logprobs
+        if _has_policy(call):
+            values = call.policy_logprobs
+        else:  # free sampling: the rollout logprobs are the policy's (masked ones are not)
+            values = call.logprobs if call.constrained is None else None
         if values is None or values.shape != call.sampled_ids.shape:
             return None
         out[start : start + call.num_sampled] = values

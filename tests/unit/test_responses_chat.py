@@ -105,6 +105,10 @@ def test_string_input_and_reasoning_effort() -> None:
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
             "'input_image'",
         ),
+        (
+            {"input": [{"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}]},
+            "'refusal'",
+        ),
         ({"input": "x", "tools": [{"type": "custom", "name": "c"}]}, "custom tool"),
         (
             {"input": [{"type": "reasoning", "encrypted_content": "…", "summary": []}]},

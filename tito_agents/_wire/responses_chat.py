@@ -138,14 +138,8 @@ def _message_of(
             assistant["reasoning"] = text
             return None
         return {"role": "assistant", "reasoning": text}
-    if item.get("role") == "assistant" and kind in (None, "message"):
-        content = item.get("content")
-        if isinstance(content, str):
-            text = content
-        elif isinstance(content, list) and content and isinstance(content[0], Mapping):
-            text = content[0].get("text")
-        else:
-            return "an assistant message item without text"
+    text = _assistant_text(item) if kind in (None, "message") else None
+    if text is not None:
         if assistant is not None and assistant.get("content") is None:
             assistant["content"] = text
             return None
@@ -160,6 +154,20 @@ def _message_of(
             message["content"] = parts
         return message
     return f"an input item of type {kind!r} (not rendered as a chat message here)"
+
+
+def _assistant_text(item: Mapping[str, Any]) -> str | None:
+    """The text vLLM takes from an assistant message item (a string, or its first part's text);
+    None where it has none (vLLM then passes the item on as it is)."""
+    if item.get("role") != "assistant":
+        return None
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and isinstance(content[0], Mapping):
+        text = content[0].get("text")
+        return text if isinstance(text, str) else None
+    return None
 
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})

@@ -5,6 +5,7 @@ Shapes: docs/vllm-wire-format.md (vLLM 0.32; 0.10.2 and later carry the same id 
 
 from __future__ import annotations
 
+import operator
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ _CHOICE_ID_KEYS = ("token_ids", "prompt_token_ids")
 """Where a response carries the ids `return_token_ids` asks for: the fields capture nulls again
 for a caller that did not ask for them."""
 _ABSENT: Any = object()
+_LOGPROB = operator.itemgetter("logprob")
 
 _NO_IDS_FIX = (
     "use vLLM >= 0.10.2 (it returns ids when a request carries return_token_ids), or do not mark "
@@ -376,6 +378,23 @@ class ResponseParser:
 
     # ---- streaming ----
 
+    def feed_payloads(self, payloads: list[bytes]) -> bool:
+        """Absorb the decoded SSE data payloads of a stream, in order; True once the stream's end
+        is among them (`[DONE]`, or a Responses final event). The loop over a stream's events,
+        kept here so one call covers many of them."""
+        loads, feed_event = orjson.loads, self.feed_event
+        done = False
+        for payload in payloads:
+            if payload == b"[DONE]":
+                done = True  # the server finished: the caller records now
+                continue
+            try:
+                event = loads(payload)
+            except orjson.JSONDecodeError as exc:
+                raise MalformedResponseError(f"SSE event is not valid JSON: {exc}") from exc
+            feed_event(event)
+        return done or self.done
+
     def feed_event(self, event: Any) -> None:
         """Absorb one decoded SSE data payload (a dict). This runs once per streamed token: keep it
         lean."""
@@ -434,7 +453,7 @@ class ResponseParser:
                     if self._chat:
                         content = lp["content"]
                         if content is not None:
-                            acc.logprobs.extend([e["logprob"] for e in content])
+                            acc.logprobs.extend(map(_LOGPROB, content))
                     else:
                         values = lp["token_logprobs"]
                         if values is not None:

@@ -20,7 +20,8 @@ class SSEDecoder:
     `[DONE]` is reported as the payload b"[DONE]".
 
     Line ends are normalized to LF as bytes arrive, so events split on b"\n\n" in one C call per
-    chunk; a chunk with no CR (what vLLM sends) takes no extra pass.
+    chunk; a chunk with no CR (what vLLM sends) takes no extra pass, and when every event in it is
+    one `data: ` line (what vLLM sends) the payloads come out of one split, with no loop per event.
     """
 
     __slots__ = ("_buffer", "_state")
@@ -38,7 +39,19 @@ class SSEDecoder:
                 self._state = _AFTER_CR
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         buffer = self._buffer + data if self._buffer else data
-        *events, self._buffer = buffer.split(b"\n\n")  # one C call for a chunk of many events
+        cut = buffer.rfind(b"\n\n") + 2  # the end of the last complete event
+        if cut == 1:
+            self._buffer = buffer
+            return []
+        self._buffer = buffer[cut:]
+        n = buffer.count(b"\n\n", 0, cut)
+        if (  # the usual stream: each event one "data: " line (a few C calls for all of them)
+            buffer.startswith(b"data: ")
+            and buffer.count(b"\n", 0, cut) == 2 * n
+            and buffer.count(b"\n\ndata: ", 0, cut) == n - 1
+        ):
+            return buffer[6 : cut - 2].split(b"\n\ndata: ")
+        events = buffer[: cut - 2].split(b"\n\n")
         out: list[bytes] = []
         for event in events:
             if event[:6] == b"data: " and b"\n" not in event:

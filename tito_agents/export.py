@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,16 @@ logger = logging.getLogger("tito_agents")
 RECENT_OUTSIDE_CALLS = 1024
 """How many recent calls outside any episode are remembered (start time, agent) to explain an
 episode that ends with none of its own."""
+
+EXPORT_LINGER_S = 0.02
+"""While calls outside any episode come more often than this (seconds), the export thread, once
+woken, waits this long for more before it assembles them: one pass and one sink write for all of
+them. Waking a thread costs more CPU than assembling a call (on the gateway, per-call wake-ups
+were about a third of its capture overhead), so a busy agent or gateway pays it once per batch;
+a lone call is written at once."""
+
+EXPORT_BATCH_CALLS = 256
+"""Queued calls that end the wait early (a batch is full)."""
 
 MAX_QUEUED_CALLS = 65536
 """Calls outside any episode waiting for the export thread; beyond it they are counted as lost
@@ -80,6 +91,13 @@ class Exporter:
         self._queued_calls = 0
         self._recent_outside: deque[tuple[float, str | None]] = deque(maxlen=RECENT_OUTSIDE_CALLS)
         self._busy = False
+        self._idle = False
+        """The export thread waits for work (a new call must wake it; a lingering one must not)."""
+        self._exported_at = float("-inf")
+        """When the export thread last finished a batch (monotonic): it lingers only for calls
+        that come more often than `EXPORT_LINGER_S`, so a lone call is written at once."""
+        self._draining = 0
+        """Callers of `drain` waiting now: the export thread does not linger for them."""
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closing = False
@@ -116,7 +134,8 @@ class Exporter:
                 self._queue.append((episode, taken))
                 self._queued_calls += len(taken)
                 self._start_thread_locked()
-                self._cond.notify_all()
+                if self._idle or self._queued_calls >= EXPORT_BATCH_CALLS:
+                    self._cond.notify_all()
                 full = False
         if full:
             logger.error(
@@ -295,16 +314,27 @@ class Exporter:
         while True:
             with self._cond:
                 while not self._queue and not self._closing:
+                    self._idle = True
                     self._cond.wait()
+                self._idle = False
                 if not self._queue:
                     return
-                episode, calls = self._queue.popleft()
+                if (
+                    time.monotonic() - self._exported_at < EXPORT_LINGER_S  # calls come often
+                    and not (self._closing or self._draining)
+                    and self._queued_calls < EXPORT_BATCH_CALLS
+                ):
+                    self._cond.wait(EXPORT_LINGER_S)  # later calls join this batch
+                taken = list(self._queue)
+                self._queue.clear()
                 self._busy = True
             try:
-                self._export_outside(episode, calls)
+                for episode, calls in _by_episode(taken):
+                    self._export_outside(episode, calls)
             finally:
                 with self._cond:
-                    self._queued_calls -= len(calls)
+                    self._queued_calls -= sum(len(calls) for _, calls in taken)
+                    self._exported_at = time.monotonic()
                     self._busy = False
                     self._cond.notify_all()
 
@@ -327,7 +357,12 @@ class Exporter:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every queued call outside an episode is handed to the sink."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+            self._draining += 1
+            self._cond.notify_all()  # a lingering export thread goes on at once
+            try:
+                return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+            finally:
+                self._draining -= 1
 
     def flush(self) -> None:
         """Return once everything handed over so far is in the sink, and the sink is flushed."""
@@ -343,6 +378,14 @@ class Exporter:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+
+def _by_episode(queued: list[tuple[Episode, list[Call]]]) -> list[tuple[Episode, list[Call]]]:
+    """The queued calls of each episode together, in the order they came."""
+    grouped: dict[int, tuple[Episode, list[Call]]] = {}
+    for episode, calls in queued:
+        grouped.setdefault(id(episode), (episode, []))[1].extend(calls)
+    return list(grouped.values())
 
 
 def _guarded(run: Callable[[list[Call]], int], calls: list[Call]) -> tuple[int, list[Call]]:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from tests.captures import (
     run_async,
     run_sync,
 )
+from tito_agents import export
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks import BufferedSink, CallbackSink, Sink
@@ -261,3 +263,32 @@ def test_calls_outside_an_episode_reach_the_sink_when_the_program_ends_without_c
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "written 1" in done.stdout
+
+
+def test_calls_outside_an_episode_in_a_burst_are_written_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lone call outside any episode is written at once; calls that follow it closely wait
+    for each other and are assembled and written in one sink write (a wake-up per call costs
+    more than the call's assembly); every call becomes its sample; `flush` ends the wait."""
+    monkeypatch.setattr(export, "EXPORT_LINGER_S", 30.0)
+    cap = load_capture("chat_ns")
+    replay = Replay([cap])
+    client, _ = replay_clients(replay)
+    batches: list[int] = []
+    collector = tito.Collector(CallbackSink(lambda samples: batches.append(len(samples))))
+    collector.wrap(client)
+    replay.responses = [_with_id(cap, "chatcmpl-lone")]
+    run_sync(client, cap)
+    deadline = time.monotonic() + 10
+    while not batches and time.monotonic() < deadline:  # written without the 30 s wait
+        time.sleep(0.01)
+    assert batches == [1]
+    for i in range(5):
+        replay.responses = [_with_id(cap, f"chatcmpl-burst-{i}")]
+        run_sync(client, cap)
+    started = time.monotonic()
+    collector.flush()
+    assert time.monotonic() - started < 10  # not the 30 s linger
+    assert batches == [1, 5] and collector.stats.samples == 6
+    collector.close()

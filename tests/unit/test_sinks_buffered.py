@@ -239,6 +239,8 @@ _EXIT_WITHOUT_CLOSE = textwrap.dedent(
     from tito_agents.sinks.jsonl import JsonlSink
     from tito_agents.sinks.testing import synthetic_sample
     sink = BufferedSink(JsonlSink(sys.argv[1]), linger=5.0, batch_size=1000)
+    sink.write([synthetic_sample(100, 16)])
+    sink.flush()  # a delivery just now: the next write lingers (5 s) and is pending at exit
     sink.write([synthetic_sample(i, 16) for i in range(7)])
     print("exiting without close", flush=True)
     """
@@ -256,7 +258,7 @@ def test_exit_without_close_warns_and_drains(tmp_path: Path) -> None:
     )
     assert "UnclosedSinkWarning" in done.stderr and "was not closed" in done.stderr
     assert "delivered 7 of 7 pending samples" in done.stderr
-    assert len(path.read_text().splitlines()) == 7
+    assert len(path.read_text().splitlines()) == 8
 
 
 _EXIT_NESTED = textwrap.dedent(
@@ -267,6 +269,8 @@ _EXIT_NESTED = textwrap.dedent(
     from tito_agents.sinks.testing import synthetic_sample
     files = RotatingFileSink(sys.argv[1])
     sink = BufferedSink(files, linger=5.0, batch_size=1000)
+    sink.write([synthetic_sample(100, 16)])
+    sink.flush()  # a delivery just now: the next write lingers (5 s) and is pending at exit
     sink.write([synthetic_sample(i, 16) for i in range(9)])
     """
 )
@@ -282,7 +286,7 @@ def test_exit_without_close_drains_a_buffer_into_a_file_sink(tmp_path: Path) -> 
     assert "BufferedSink(RotatingFileSink) was not closed" in done.stderr
     assert "RotatingFileSink('" not in done.stderr  # closed by its wrapper, not on its own
     assert "delivered 9 of 9 pending samples" in done.stderr
-    assert len(list(read_file_samples(path))) == 9
+    assert len(list(read_file_samples(path))) == 10
 
 
 _CRASH_WHILE_DOWN = textwrap.dedent(
@@ -556,3 +560,48 @@ def test_a_producer_ahead_of_a_healthy_destination_gives_the_worker_its_turn(
     assert sink.stats.paced_writes == 1
     sink.close()
     assert flaky.received == ids(make(6))
+
+
+class RecordingSink(Sink):
+    """Keeps each `write` call's sample ids and when it came."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[float, list[str]]] = []
+
+    def write(self, samples: Sequence[Sample]) -> None:
+        self.writes.append((time.monotonic(), ids(samples)))
+
+
+def test_linger_batches_a_busy_writer_and_never_delays_a_lone_write() -> None:
+    """A write after a quiet spell is delivered at once (no timed wait); writes that follow a
+    delivery closely wait up to `linger` for each other and reach the destination together."""
+    inner = RecordingSink()
+    sink = BufferedSink(inner, linger=0.5, batch_size=100)
+    started = time.monotonic()
+    sink.write(make(1))
+    sink.flush()
+    assert time.monotonic() - started < 0.4  # not held for the linger
+    for i in range(5):  # a busy writer, right after a delivery
+        sink.write(make(1, start=1 + i))
+    deadline = time.monotonic() + 5
+    while sum(len(w) for _, w in inner.writes) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sink.close()
+    assert [w for _, w in inner.writes] == [ids(make(1)), ids(make(5, start=1))]
+
+
+def test_a_full_batch_ends_the_linger() -> None:
+    """Lingering waits for a batch to fill: once `batch_size` samples wait, they go at once."""
+    inner = RecordingSink()
+    sink = BufferedSink(inner, linger=30.0, batch_size=4)
+    sink.write(make(1))
+    sink.flush()
+    started = time.monotonic()
+    for i in range(4):
+        sink.write(make(1, start=1 + i))
+    deadline = time.monotonic() + 10
+    while len(inner.writes) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert time.monotonic() - started < 10  # not the 30 s linger
+    assert inner.writes[1][1] == ids(make(4, start=1))
+    sink.close()

@@ -144,8 +144,10 @@ class BufferedSink(Sink):
     max_buffer_samples / max_buffer_bytes: the memory bound (a batch larger than the bound is still
         accepted when the buffer is empty).
     batch_size / batch_bytes: the most samples / array bytes per `inner.write` call (at least one
-        sample); the worker takes everything waiting up to these. linger: seconds the worker waits
-        for a batch to fill before sending a smaller one.
+        sample); the worker takes everything waiting up to these. linger: while writes come
+        more often than this (seconds), the worker waits this long for a batch to fill before
+        sending a smaller one; a write after a quiet spell goes at once (a timed wait is a second
+        thread wake-up, which costs more CPU than a small write).
     spill_dir: where to spill at the bound, when delivery has failed for `spill_after` seconds,
         and after a failed close; None means backpressure instead (`write` blocks; `block_timeout`
         seconds, then `SinkError(retryable=True)`).
@@ -203,6 +205,10 @@ class BufferedSink(Sink):
         self._memory: deque[Sample] = deque()
         self._memory_bytes = 0
         self._inflight = 0
+        self._lingering = False
+        """The worker waits for a batch to fill (a write must not wake it before it is full)."""
+        self._delivered_at = float("-inf")
+        """When the worker last finished a delivery (monotonic): lingering is for busy writers."""
         self._spilling = False
         self._failing_since: float | None = None  # first failed attempt since the last success
         self._failures = 0  # failed attempts since the last success: the backoff goes on
@@ -384,7 +390,8 @@ class BufferedSink(Sink):
         self._memory_bytes += nbytes
         self.stats.accepted += len(batch)
         self.stats.buffered = len(self._memory) + self._inflight
-        self._cond.notify_all()
+        if not self._lingering or len(self._memory) >= self.batch_size:
+            self._cond.notify_all()
 
     def _enqueue_memory_if_room(self, batch: list[Sample], nbytes: int) -> bool:
         """Put `batch` in memory if memory is where it belongs now and there is room."""
@@ -629,9 +636,13 @@ class BufferedSink(Sink):
                     and self.linger > 0
                     and not self._closing
                     and self._flush_target <= self._done
+                    and time.monotonic() - self._delivered_at < self.linger
                 ):
-                    lingered = True
-                    self._cond.wait(self.linger)
+                    lingered = self._lingering = True
+                    try:
+                        self._cond.wait(self.linger)
+                    finally:
+                        self._lingering = False
                     continue  # memory may have moved to the spill log meanwhile
                 batch = self._take_memory_locked()
                 self._inflight = len(batch)
@@ -686,6 +697,7 @@ class BufferedSink(Sink):
                     continue
                 self._failing_since = None
                 self._failures = 0
+                self._delivered_at = time.monotonic()
                 self._done += len(batch)
                 self.stats.exported += len(batch)
                 if spilled is not None and self._spill is not None:

@@ -49,7 +49,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--no-state", action="store_true", help="keep no restart journal")
     parser.add_argument("--assembly", default="per_call", choices=["per_call", "merged", "both"])
     parser.add_argument("--capture-logprobs", action="store_true", help="ask vLLM for logprobs")
-    parser.add_argument("--sessions", action="store_true", help="token-in sessions for chat calls")
+    parser.add_argument(
+        "--sessions", action="store_true", help="token-in sessions for chat and Responses calls"
+    )
     parser.add_argument("--policy-version", help="label of the weights sampling now")
     parser.add_argument(
         "--errors", default="episode", choices=["episode", "count", "raise"], help="ErrorPolicy"

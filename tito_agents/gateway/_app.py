@@ -65,7 +65,8 @@ class GatewayConfig:
     control_token: the secret of the control API (never the agent's).
     state_path: the restart journal (`_journal`); None keeps no journal (a restart then cannot
         name the episodes it lost; a clean stop still logs them).
-    sessions: token-in sessions for chat calls (an episode may override it when opened).
+    sessions: token-in sessions for chat and Responses calls (an episode may override it when
+        opened).
     """
 
     upstream: str

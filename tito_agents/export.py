@@ -8,7 +8,8 @@ ended spans). Two paths:
   the samples to the sink; raise capture errors (and, in the strict mode, a sink failure) there;
 * calls outside any episode (`on_calls` for the default episode, on the request path): only
   counted and queued there; one export thread assembles and writes them, so neither assembly nor
-  the sink ever runs inside the agent's HTTP call.
+  the sink ever runs inside the agent's HTTP call (in batches while they come often:
+  `EXPORT_LINGER_S`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import orjson
 
 from tito_agents import rescore
 from tito_agents._capture import CaptureCore, PendingCall, StreamTee
-from tito_agents.calls import Endpoint, ScoringEndpoint
+from tito_agents.calls import ScoringEndpoint
 
 logger = logging.getLogger("tito_agents")
 
@@ -157,10 +157,7 @@ def _decide(core: CaptureCore, request: Any) -> tuple[bytes, PendingCall] | None
     if decision is None:
         return None
     new_body, pending = decision
-    info = pending.info
-    if core.settings.rescore_constrained and rescore.scored_later(
-        info.constrained, info.endpoint is Endpoint.RESPONSES and info.wants_logprobs
-    ):
+    if core.settings.rescore_constrained and rescore.scored_later(pending.info):
         pending.scoring = _scoring_endpoint(request)
     return (body if new_body is None else new_body), pending
 

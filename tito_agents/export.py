@@ -88,7 +88,8 @@ class Exporter:
         """The collector's episode for calls outside any episode (set once it exists)."""
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._queue: deque[tuple[Episode, list[Call]]] = deque()
+        self._queue: deque[Call] = deque()
+        """Calls outside any episode (all of `default_episode`) waiting for the export thread."""
         self._queued_calls = 0
         self._recent_outside: deque[tuple[float, str | None]] = deque(maxlen=RECENT_OUTSIDE_CALLS)
         self._busy = False
@@ -132,7 +133,7 @@ class Exporter:
                 stats.lost_samples += len(taken)
                 full = True
             else:
-                self._queue.append((episode, taken))
+                self._queue.extend(taken)
                 self._queued_calls += len(taken)
                 self._start_thread_locked()
                 if self._idle or self._queued_calls >= EXPORT_BATCH_CALLS:
@@ -326,15 +327,15 @@ class Exporter:
                     and self._queued_calls < EXPORT_BATCH_CALLS
                 ):
                     self._cond.wait(EXPORT_LINGER_S)  # later calls join this batch
-                taken = list(self._queue)
+                calls = list(self._queue)
                 self._queue.clear()
                 self._busy = True
             try:
-                for episode, calls in _by_episode(taken):
-                    self._export_outside(episode, calls)
+                assert self.default_episode is not None  # set before its first call is queued
+                self._export_outside(self.default_episode, calls)
             finally:
                 with self._cond:
-                    self._queued_calls -= sum(len(calls) for _, calls in taken)
+                    self._queued_calls -= len(calls)
                     self._exported_at = time.monotonic()
                     self._busy = False
                     self._cond.notify_all()
@@ -379,14 +380,6 @@ class Exporter:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-
-
-def _by_episode(queued: list[tuple[Episode, list[Call]]]) -> list[tuple[Episode, list[Call]]]:
-    """The queued calls of each episode together, in the order they came."""
-    grouped: dict[int, tuple[Episode, list[Call]]] = {}
-    for episode, calls in queued:
-        grouped.setdefault(id(episode), (episode, []))[1].extend(calls)
-    return list(grouped.values())
 
 
 def _guarded(run: Callable[[list[Call]], int], calls: list[Call]) -> tuple[int, list[Call]]:

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tito_agents.calls import Call, CallStatus, ScoringEndpoint
+from tito_agents._wire.request import RequestInfo
+from tito_agents.calls import Call, CallStatus, Endpoint, ScoringEndpoint
 
 logger = logging.getLogger("tito_agents")
 
@@ -70,11 +71,13 @@ def has_rollout_logprobs(call: Call) -> bool:
     return lp is not None and lp.shape == call.sampled_ids.shape
 
 
-def scored_later(constrained: str | None, responses_logprobs: bool) -> bool:
+def scored_later(info: RequestInfo) -> bool:
     """Whether a request's call may need re-scoring at the episode's end (re-scoring on): a
     constrained one (masked logprobs), or a Responses one that asks for logprobs (vLLM 0.32 leaves
     out those of function-call and reasoning tokens and of a stream's EOS)."""
-    return constrained is not None or responses_logprobs
+    return info.constrained is not None or (
+        info.endpoint is Endpoint.RESPONSES and info.wants_logprobs
+    )
 
 
 def plan(calls: Iterable[Call], batch_size: int = BATCH_SIZE) -> list[RescoreRequest]:

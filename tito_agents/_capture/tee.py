@@ -132,21 +132,20 @@ class StreamTee:
             if self._refused is not None:
                 self._fail(self._refused)
                 return
-        if self._decompressor is not None:  # marks cannot be seen in compressed bytes
-            self._decode(data)
-            return
         self._held.append(data)
         self._held_bytes += len(data)
-        if self._held_bytes >= HOLD_BYTES or self._may_end(data) is not None:
-            self._decode(b"")
+        if (
+            self._held_bytes >= HOLD_BYTES
+            or self._decompressor is not None  # marks cannot be seen in compressed bytes
+            or self._may_end(data) is not None
+        ):
+            self._decode()
 
-    def _decode(self, data: bytes) -> None:
-        """Decode the held chunks and `data`; record the call when its final event is in them."""
-        if self._held:
-            self._held.append(data)
-            data = b"".join(self._held)
-            self._held.clear()
-            self._held_bytes = 0
+    def _decode(self) -> None:
+        """Decode the held chunks; record the call when its final event is among them."""
+        data = b"".join(self._held)
+        self._held.clear()
+        self._held_bytes = 0
         try:
             if self._decompressor is not None:
                 data = self._decompress(data, flush=False)
@@ -185,7 +184,7 @@ class StreamTee:
         if self._refused is not None:
             self._fail(self._refused)
             return
-        self._decode(b"")
+        self._decode()
         if self._pending.finished:  # failed, or complete at its final event
             return
         try:
@@ -217,7 +216,7 @@ class StreamTee:
         if self._refused is not None:
             self._fail(self._refused)
             return
-        self._decode(b"")  # the complete events held: a broken one fails the call, as at feed
+        self._decode()  # the complete events held: a broken one fails the call, as at feed
         if self._pending.finished:
             return
         # a broken event in what is left of an abandoned stream: the stream is incomplete

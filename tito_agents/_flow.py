@@ -69,9 +69,17 @@ def request_flow(module: Any, core: CaptureCore, request: Any, tee_stream: TeeSt
     if decided is None:
         return (yield Send(request))
     body, pending = decided
-    if pending.plan is not None:
-        body = yield from _plan_flow(module, core, request, pending, body)
-    request = _rebuild(module, request, body)
+    try:
+        if pending.plan is not None:
+            body = yield from _plan_flow(module, core, request, pending, body)
+        captured = _rebuild(module, request, body)
+    except Exception as exc:  # a capture bug never breaks the call: it goes out uncaptured
+        core.abandon(pending, exc)
+        return (yield Send(request))
+    except BaseException:  # cancelled before it was sent: not in flight any more
+        core.discard(pending, None)
+        raise
+    request = captured
     try:
         response = yield Send(request)
     except BaseException:
@@ -157,8 +165,11 @@ def _decide(core: CaptureCore, request: Any) -> tuple[bytes, PendingCall] | None
     if decision is None:
         return None
     new_body, pending = decision
-    if core.settings.rescore_constrained and rescore.scored_later(pending.info):
-        pending.scoring = _scoring_endpoint(request)
+    try:
+        if core.settings.rescore_constrained and rescore.scored_later(pending.info):
+            pending.scoring = _scoring_endpoint(request)
+    except Exception:  # not re-scored; the call is still captured
+        logger.warning("could not note where to re-score this call", exc_info=True)
     return (body if new_body is None else new_body), pending
 
 
@@ -298,6 +309,6 @@ def _tokenize_request(module: Any, request: Any, payload: dict[str, Any]) -> Any
         "POST",
         request.url.copy_with(path=f"{path}/tokenize", query=None),
         headers=headers,
-        content=orjson.dumps(payload),
+        content=orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
         extensions=request.extensions,
     )

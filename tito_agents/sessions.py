@@ -31,7 +31,7 @@ not one token of the served tokenizer, has no usable token: its sessions fall ba
 
 Where the template does not preserve the prefix (stock templates that drop past reasoning or an
 empty reasoning block: Qwen3, DeepSeek-R1, GLM), the call falls back with where the template
-re-renders history and what fixes it, unless the collector opted into `SessionHistory.SAMPLED`:
+re-renders history and what fixes it, unless the collector opted into `SessionHistoryPolicy.SAMPLED`:
 then the model keeps its own sampled tokens in context and only the new messages are rendered (the
 whole render cut after the conversation's turn ends), noted `token_in_sampled`. The model then
 sees history the way it sampled it, not the way its template would re-render it.
@@ -60,7 +60,7 @@ import numpy as np
 import orjson
 
 from tito_agents.calls import IdArray, SessionNote
-from tito_agents.config import SessionHistory
+from tito_agents.config import SessionHistoryPolicy
 
 TokenizeRequests = list[dict[str, Any]]
 TokenizeResults = list[list[int] | None]
@@ -105,7 +105,7 @@ class TailCheck:
     `ends_before`: how many end-of-turn tokens precede the delta in the short tail render, or None
     where the short render does not give the same delta (the whole conversation is rendered then).
     `preserves_prefix`: False where the template re-renders earlier turns once these messages are
-    appended; `reason` then says how and what fixes it (token-in only with `SessionHistory.SAMPLED`).
+    appended; `reason` then says how and what fixes it (token-in only with `SessionHistoryPolicy.SAMPLED`).
     """
 
     ends_before: int | None
@@ -290,7 +290,7 @@ def plan(
     session: Session,
     payload: dict[str, Any],
     server: str = "",
-    history: SessionHistory = SessionHistory.TEMPLATE,
+    history: SessionHistoryPolicy = SessionHistoryPolicy.TEMPLATE,
 ) -> Plan:
     """Decide the token prompt of a chat request in session mode (see the module docstring).
 
@@ -350,7 +350,11 @@ def plan(
         str(payload.get("chat_template")),
     )
     checked = session.verified.get(shape)
-    if checked is not None and not checked.preserves_prefix and history is SessionHistory.TEMPLATE:
+    if (
+        checked is not None
+        and not checked.preserves_prefix
+        and history is SessionHistoryPolicy.TEMPLATE
+    ):
         return SessionDecision(None, SessionNote.FALLBACK, checked.reason)
     derive = [] if session.end_of_turn_checked else end_of_turn_renders(untooled, messages)
     if checked is None:
@@ -422,7 +426,7 @@ def plan(
             delta, reason = b[cut:], None
         else:
             reason = _not_preserved(a, b, ends, roles)
-            if history is SessionHistory.TEMPLATE:
+            if history is SessionHistoryPolicy.TEMPLATE:
                 with session.lock:
                     session.verified[shape] = TailCheck(None, False, reason)
                 return SessionDecision(None, SessionNote.FALLBACK, reason)
@@ -502,11 +506,3 @@ def _tail_ends_before(rendered_tail: list[int] | None, delta: IdArray, eot: int)
     if head < 1 or int(r[head - 1]) != eot or not np.array_equal(r[head:], delta):
         return None
     return int(np.count_nonzero(r[:head] == eot))
-
-
-def with_token_prompt(payload: dict[str, Any], prompt_ids: IdArray) -> bytes:
-    """The request body with the token prompt in `kv_transfer_params` (messages kept for parsing)."""
-    kv = dict(payload.get("kv_transfer_params") or {})
-    kv["prompt_token_ids"] = prompt_ids
-    body = {**payload, "kv_transfer_params": kv}
-    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -8,6 +8,7 @@ teed SSE stream) and turning parsed choices into `Call` records handed to the ep
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -23,13 +24,12 @@ from tito_agents._wire import (
     endpoint_for_path,
     prepare_request,
 )
+from tito_agents._wire.request import UnreadableRequest
 from tito_agents._wire.responses_chat import chat_view
+from tito_agents._wire.splice import with_token_prompt
 from tito_agents.calls import EMPTY_IDS, Call, CallStatus, Endpoint, SessionNote
-from tito_agents.config import CaptureSettings, CaptureStats, ErrorPolicy, OutsideEpisode
-from tito_agents.errors import (
-    CaptureError,
-    OutsideEpisodeError,
-)
+from tito_agents.config import CaptureSettings, CaptureStats, ErrorPolicy, OutsideEpisodePolicy
+from tito_agents.errors import CaptureError, MalformedResponseError, OutsideEpisodeError
 from tito_agents.sessions import SessionDecision, Turn
 
 logger = logging.getLogger("tito_agents")
@@ -38,6 +38,37 @@ if TYPE_CHECKING:
     from tito_agents.episodes import Episode, EpisodeProcessor
 
 _SESSION_ENDPOINTS = frozenset({Endpoint.CHAT, Endpoint.RESPONSES})
+_WIDE_INT = re.compile(rb"\d{19}")
+"""A digit run an integer beyond 64 bits needs (the JSON parser reads those as floats)."""
+
+
+def _cause(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:120]
+
+
+def token_in_blocker(payload: dict[str, Any], body: bytes) -> str | None:
+    """Why a request's prompt cannot be sent as tokens: its `kv_transfer_params` is not an
+    object (the server refuses it: it must stay refused) or carries the caller's own token
+    prompt; or it holds integers beyond 64 bits, which the `/tokenize` renders would not carry
+    exactly. None when it can."""
+    kv = payload.get("kv_transfer_params")
+    if kv is not None and not isinstance(kv, dict):
+        return "kv_transfer_params is not an object (the request is sent as written)"
+    if isinstance(kv, dict) and "prompt_token_ids" in kv:
+        return "the request sets its own kv_transfer_params.prompt_token_ids"
+    if _WIDE_INT.search(body) and _has_wide_number(payload):
+        return "the request holds integers beyond 64 bits, which /tokenize renders would change"
+    return None
+
+
+def _has_wide_number(value: Any) -> bool:
+    if type(value) is float:
+        return abs(value) >= 2.0**63
+    if isinstance(value, dict):
+        return any(_has_wide_number(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_wide_number(v) for v in value)
+    return False
 
 
 class CaptureCore:
@@ -61,6 +92,8 @@ class CaptureCore:
         self.stats = stats
         self.vllm_hosts = vllm_hosts
         self.sessions = sessions
+        self._logged: set[str] = set()
+        """Causes of uncaptured requests already logged."""
 
     def is_vllm_host(self, host: str, port: int | None) -> bool:
         """Hosts are matched as "host:port" first, then as bare "host"."""
@@ -81,15 +114,19 @@ class CaptureCore:
         episode, agent, labels = episodes.resolve_attribution()
         if episode is None:
             policy = settings.outside_episode
-            if policy is OutsideEpisode.IGNORE:
+            if policy is OutsideEpisodePolicy.IGNORE:
                 return None
-            if policy is OutsideEpisode.ERROR:
+            if policy is OutsideEpisodePolicy.ERROR:
                 raise OutsideEpisodeError(
                     "a call to a vLLM host was made outside any episode; wrap the rollout in "
                     "`with collector.episode(...)` or set outside_episode='default'"
                 )
             episode = self.default_episode
-        prepared = prepare_request(endpoint, body, capture_logprobs=settings.capture_logprobs)
+        try:
+            prepared = prepare_request(endpoint, body, capture_logprobs=settings.capture_logprobs)
+        except Exception as exc:  # never break the agent's call: send it as it was written
+            self.uncaptured(exc)
+            return None
         if prepared is None:
             self.stats.skipped_requests += 1
             return None
@@ -102,7 +139,7 @@ class CaptureCore:
             episode=episode,
             agent=agent or episode.agent,
             labels=labels,
-            seq=episode._next_seq(),
+            seq=0,
             policy_version=settings.policy_version,
             started_at=time.time(),
         )
@@ -113,17 +150,62 @@ class CaptureCore:
             and episode is not self.default_episode
             and info.payload is not None
         ):
-            # a Responses request is planned as the chat conversation the server renders it as
-            chat = info.payload if info.endpoint is Endpoint.CHAT else chat_view(info.payload)
-            if isinstance(chat, str):
-                pending.session_fallback = chat
-            else:
-                info.want_message = True
-                pending.session_payload = chat
-                session = pending.session = episode._session_for(pending.agent)
-                pending.plan = self._session_plan(session, chat, f"{host}:{port}")
+            try:
+                self._plan_session(pending, body, f"{host}:{port}")
+            except Exception as exc:  # planning that cannot read the request falls back
+                pending.session = pending.plan = None
+                info.want_message = False
+                pending.session_fallback = f"the request could not be planned ({_cause(exc)})"
+        # counted in flight last: nothing above leaves a call counted that is never sent
+        pending.seq = episode._next_seq()
         self.stats.requests += 1
         return new_body, pending
+
+    def _plan_session(self, pending: PendingCall, body: bytes, server: str) -> None:
+        """Set up the token-in session plan of a request (or note why it falls back)."""
+        info = pending.info
+        assert info.payload is not None
+        blocker = token_in_blocker(info.payload, body)
+        # a Responses request is planned as the chat conversation the server renders it as
+        chat = info.payload if info.endpoint is Endpoint.CHAT else chat_view(info.payload)
+        if blocker is not None or isinstance(chat, str):
+            pending.session_fallback = blocker or str(chat)
+            return
+        info.want_message = True
+        pending.session_payload = chat
+        session = pending.session = pending.episode._session_for(pending.agent)
+        pending.plan = self._session_plan(session, chat, server)
+
+    def uncaptured(self, exc: BaseException) -> None:
+        """Count a request sent as the caller wrote it because capture could not read it (or
+        failed preparing it); logged once per cause."""
+        self.stats.uncaptured_requests += 1
+        cause = exc.field if isinstance(exc, UnreadableRequest) else type(exc).__name__
+        if cause in self._logged:
+            return
+        self._logged.add(cause)
+        if isinstance(exc, UnreadableRequest):
+            logger.warning(
+                "a request to a vLLM host was sent uncaptured: capture cannot read %s (the "
+                "server answers it as without capture; logged once per field)",
+                exc,
+            )
+        else:
+            logger.warning(
+                "capture failed preparing a request; it was sent uncaptured (logged once per "
+                "cause)",
+                exc_info=exc,
+            )
+
+    def abandon(self, pending: PendingCall, exc: BaseException) -> None:
+        """A captured request whose preparation failed after `begin`: it is sent as the caller
+        wrote it instead, and is no longer in flight."""
+        if pending.finished:
+            return
+        pending.finished = True
+        pending.episode._call_ended()
+        self.stats.requests -= 1
+        self.uncaptured(exc)
 
     def _session_plan(
         self, session: sessions.Session, payload: dict[str, Any], server: str
@@ -147,9 +229,14 @@ class CaptureCore:
         if decision is None:
             decision = SessionDecision(None, SessionNote.FALLBACK, "session planning failed")
         pending.decision = decision
-        if decision.prompt_ids is None or pending.info.payload is None:
+        if decision.prompt_ids is None or pending.info.payload is None or body is None:
             return body
-        return sessions.with_token_prompt(pending.info.payload, decision.prompt_ids)
+        try:
+            return with_token_prompt(body, pending.info.payload, decision.prompt_ids)
+        except Exception as exc:  # never break the agent's call: the server renders it
+            reason = f"the token prompt could not be added to the request ({_cause(exc)})"
+            pending.decision = SessionDecision(None, SessionNote.FALLBACK, reason)
+            return body
 
     def discard(self, pending: PendingCall, status: int | None) -> None:
         """A failed attempt (non-2xx or transport error): not a call. The SDK may retry it."""
@@ -167,6 +254,9 @@ class CaptureCore:
             choices = parser.parse_body(body)
         except CaptureError as exc:
             choices = [failed_choice(exc)]
+        except Exception as exc:  # a parser bug: the call is unusable, the caller's answer kept
+            logger.warning("could not parse a captured response", exc_info=True)
+            choices = [failed_choice(MalformedResponseError(f"unreadable response ({exc!r})"))]
         self.record(pending, parser, choices, status, stream=False)
         try:
             return parser.caller_body()
@@ -267,7 +357,13 @@ class CaptureCore:
                 )
             )
         if pending.session is not None:
-            self._update_session(pending, calls, choices)
+            try:
+                self._update_session(pending, calls, choices)
+            except Exception as exc:  # the calls are kept; the session just lacks this turn
+                logger.warning("could not add a turn to its token-in session", exc_info=True)
+                for call in calls:
+                    call.session = SessionNote.FALLBACK
+                    call.session_reason = f"the turn could not be recorded ({_cause(exc)})"
         elif pending.session_fallback is not None:
             for call in calls:
                 call.session, call.session_reason = SessionNote.FALLBACK, pending.session_fallback

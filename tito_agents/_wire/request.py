@@ -2,15 +2,21 @@
 
 `prepare_request` adds `return_token_ids` (and logprobs on demand) without overriding what the
 caller set, and records what a trainer needs to interpret the rollout (`RequestInfo.sampling`).
+It reads the fields it needs as vLLM's pydantic models do (lax mode) and gives up on a value vLLM
+would refuse (`UnreadableRequest`: the request is then sent as written, uncaptured, so the caller
+gets the server's own error); what it adds is spliced into the caller's bytes (`_wire.splice`).
 Shapes: docs/vllm-wire-format.md."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from tito_agents._wire.splice import extend_container, member_values, set_members
 from tito_agents.calls import Endpoint
 
 _SAMPLING_KEYS = (
@@ -140,55 +146,126 @@ def endpoint_for_path(path: str) -> Endpoint | None:
     return None
 
 
+class UnreadableRequest(Exception):
+    """A field capture reads holds a value it cannot read (`field`: which one): the request is
+    sent as the caller wrote it, uncaptured, and the server gives its own answer."""
+
+    def __init__(self, field: str, value: Any = None) -> None:
+        super().__init__(f"{field} = {_shown(value)}")
+        self.field = field
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+_TRUE = frozenset({"true", "t", "yes", "y", "on", "1"})
+_FALSE = frozenset({"false", "f", "no", "n", "off", "0"})
+_INT_TEXT = re.compile(r"\s*[+-]?\d+(?:_\d+)*(?:\.0+)?\s*", re.ASCII)
+
+
+def lax_bool(payload: Mapping[str, Any], field: str) -> bool | None:
+    """A boolean field as vLLM's pydantic models read it (lax mode: "true", 1, "off", ...);
+    None when absent or null. Raises `UnreadableRequest` on what pydantic refuses."""
+    value = payload.get(field)
+    if value is None or type(value) is bool:
+        return value
+    if type(value) in (int, float) and value in (0, 1):
+        return bool(value)
+    if type(value) is str and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise UnreadableRequest(field, value)
+
+
+def lax_int(payload: Mapping[str, Any], field: str) -> int | None:
+    """An integer field as pydantic's lax mode reads it ("2", "2.0", 2.0 and True are
+    integers); None when absent or null. Raises `UnreadableRequest` on what pydantic refuses."""
+    value = payload.get(field)
+    if value is None:
+        return None
+    if type(value) in (int, bool):
+        return int(value)
+    if type(value) is float and value.is_integer() and abs(value) < 2.0**63:
+        return int(value)
+    if type(value) is str and _INT_TEXT.fullmatch(value):
+        return int(value.strip().partition(".")[0])
+    raise UnreadableRequest(field, value)
+
+
+_ADDED_VALUES: dict[bytes, Any] = {b"true": True, b"0": 0}
+"""The values of the raw members `prepare_request` adds to chat and completions requests."""
+
+
+def _loads(body: bytes) -> dict[str, Any] | None:
+    """The request body as a JSON object, or None when it is not one (not captured)."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None  # not strict JSON (NaN, Infinity or worse): sent as written, not read
+    return payload if isinstance(payload, dict) else None
+
+
 def prepare_request(
     endpoint: Endpoint, body: bytes, *, capture_logprobs: bool
 ) -> tuple[bytes | None, RequestInfo] | None:
     """Inspect a JSON request body and add the vLLM fields capture needs.
 
     Returns `(new_body, info)`; `new_body` is None when the body needs no change (the caller already
-    asked for ids). Returns None when the request is not captured: not a JSON object, or the caller
-    explicitly set `return_token_ids: false`.
+    asked for ids). The added fields are spliced into the caller's bytes (`_wire.splice`): what
+    the caller wrote is sent byte for byte. Returns None when the request is not captured: not a
+    JSON object, or the caller explicitly turned ids off (`return_token_ids: false`). Raises
+    `UnreadableRequest` when a field capture reads has a value vLLM would refuse.
+
+    What capture adds never turns a request the server refuses into one it accepts: `logprobs`
+    is not added where the caller set a `top_logprobs` other than 0 (vLLM refuses a positive
+    one without `logprobs`).
     """
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(payload, dict):
+    payload = _loads(body)
+    if payload is None:
         return None
     if endpoint is Endpoint.RESPONSES:
-        return _prepare_responses(payload, capture_logprobs=capture_logprobs)
-    added_ids = added_logprobs = False
-    if "return_token_ids" not in payload:
-        payload["return_token_ids"] = True
-        added_ids = True
-    elif payload["return_token_ids"] is not True:
-        return None
-    if capture_logprobs and payload.get("logprobs") is None:
-        # chat: a boolean; legacy completions: an int top-k count, 0 = only the sampled token
-        payload["logprobs"] = True if endpoint is Endpoint.CHAT else 0
-        added_logprobs = True
-    asked = payload.get("logprobs")
+        return _prepare_responses(body, payload, capture_logprobs=capture_logprobs)
     chat = endpoint is Endpoint.CHAT
+    added: dict[str, bytes] = {}
+    ids = lax_bool(payload, "return_token_ids")
+    if "return_token_ids" not in payload:
+        added["return_token_ids"] = b"true"
+    elif ids is not True:
+        return None  # the caller turned ids off (false or null): not captured
+    asked = lax_bool(payload, "logprobs") if chat else lax_int(payload, "logprobs")
+    top = lax_int(payload, "top_logprobs") if chat else None
+    if capture_logprobs and asked is None and top in (None, 0):
+        # chat: a boolean; legacy completions: an int top-k count, 0 = only the sampled token
+        added["logprobs"] = b"true" if chat else b"0"
+        asked = True if chat else 0
+    n = lax_int(payload, "n")
+    stream = lax_bool(payload, "stream")
+    reasoning = lax_bool(payload, "include_reasoning")
     wants_logprobs = asked is True if chat else (type(asked) is int and asked >= 0)
     messages = payload.get("messages") if chat else None
     tools = payload.get("tools")
+    sampling = {k: v for k, v in payload.items() if k in _SAMPLING_SET}
+    constrained = constraint_of(payload)
+    new_body = set_members(body, added, payload) if added else None
+    if added:
+        payload.update((key, _ADDED_VALUES[value]) for key, value in added.items())
     info = RequestInfo(
         endpoint=endpoint,
-        stream=bool(payload.get("stream")),
-        n=int(payload.get("n") or 1),
+        stream=bool(stream),
+        n=1 if n is None else n,
         # a request has a handful of keys: test those, not every sampling key
-        sampling={k: v for k, v in payload.items() if k in _SAMPLING_SET},
+        sampling={**sampling, **{k: payload[k] for k in added if k in _SAMPLING_SET}},
         wants_logprobs=wants_logprobs,
         messages=messages if type(messages) is list else None,
         tools=tools if type(tools) is list else None,
-        include_reasoning=payload.get("include_reasoning", True) is not False,
+        include_reasoning=reasoning is not False,
         payload=payload,
-        added_ids=added_ids,
-        added_logprobs=added_logprobs,
-        constrained=constraint_of(payload),
+        added_ids="return_token_ids" in added,
+        added_logprobs="logprobs" in added,
+        constrained=constrained,
     )
-    changed = added_ids or added_logprobs
-    return (orjson.dumps(payload) if changed else None), info
+    return new_body, info
 
 
 # --------------------------------------------------------------------------------------------------
@@ -199,46 +276,61 @@ def prepare_request(
 # prompt ids) and `output_messages[].tokens` (the sampled ids). Rollout logprobs come per output
 # text token with `include: ["message.output_text.logprobs"]` and `top_logprobs: 0`.
 
+_DEFAULT_MAX_LOGPROBS = 20
+"""vLLM's default `--max-logprobs`."""
 RESPONSES_LOGPROBS = "message.output_text.logprobs"
 """The `include` entry that asks the Responses API for the logprobs of the output text."""
 
 
 def _prepare_responses(
-    payload: dict[str, Any], *, capture_logprobs: bool
+    body: bytes, payload: dict[str, Any], *, capture_logprobs: bool
 ) -> tuple[bytes | None, RequestInfo] | None:
     """`prepare_request` for a Responses body: ids through `enable_response_messages`, logprobs
     through `include` + `top_logprobs`; what the caller set is kept (an explicit
-    `enable_response_messages: false` means the call is not captured)."""
-    added_ids = added_logprobs = False
+    `enable_response_messages: false` means the call is not captured). Logprobs are asked for
+    only where the caller's `top_logprobs` is unset or within vLLM's default limit: vLLM checks
+    it only when the output logprobs are included, so adding the entry to another value would
+    make the server refuse a request it accepts."""
+    added: dict[str, bytes] = {}
+    wanted = lax_bool(payload, "enable_response_messages")
     if "enable_response_messages" not in payload:
-        payload["enable_response_messages"] = True
-        added_ids = True
-    elif payload["enable_response_messages"] is not True:
+        added["enable_response_messages"] = b"true"
+    elif wanted is not True:
         return None
     include = payload.get("include")
-    asked = type(include) is list and RESPONSES_LOGPROBS in include
-    if capture_logprobs and not asked and (include is None or type(include) is list):
-        payload["include"] = [*(include or ()), RESPONSES_LOGPROBS]
-        added_top = payload.get("top_logprobs") is None
-        if added_top:
-            payload["top_logprobs"] = 0
-        added_logprobs = asked = True
-    else:
-        added_top = False
+    if include is not None and type(include) is not list:
+        raise UnreadableRequest("include", include)
+    top = lax_int(payload, "top_logprobs")
+    stream = lax_bool(payload, "stream")
+    asked = include is not None and RESPONSES_LOGPROBS in include
+    added_top = False
+    if capture_logprobs and not asked and (top is None or 0 <= top <= _DEFAULT_MAX_LOGPROBS):
+        entry = orjson.dumps(RESPONSES_LOGPROBS)
+        if include is None:
+            added["include"] = b"[" + entry + b"]"
+        else:  # the caller's own list, its bytes kept, with the entry at its end
+            start, end = member_values(body)["include"]
+            added["include"] = extend_container(body[start:end], entry, empty=not include)
+        if top is None:
+            added["top_logprobs"] = b"0"
+            added_top = True
+        asked = True
+    new_body = set_members(body, added, payload) if added else None
+    for key, value in added.items():
+        payload[key] = orjson.loads(value)
     tools = payload.get("tools")
     info = RequestInfo(
         endpoint=Endpoint.RESPONSES,
-        stream=bool(payload.get("stream")),
+        stream=bool(stream),
         n=1,
         sampling={k: v for k, v in payload.items() if k in _SAMPLING_SET},
         wants_logprobs=asked,
         messages=None,
         tools=tools if type(tools) is list else None,
         payload=payload,
-        added_ids=added_ids,
-        added_logprobs=added_logprobs,
+        added_ids="enable_response_messages" in added,
+        added_logprobs="include" in added,
         constrained=constraint_of(payload),
         added_top_logprobs=added_top,
     )
-    changed = added_ids or added_logprobs
-    return (orjson.dumps(payload) if changed else None), info
+    return new_body, info

@@ -17,64 +17,34 @@ from typing import Any
 
 import orjson
 
+from tito_agents.testing.fake_vllm._fields import (
+    FakeHTTPError,
+    bad_request,
+    bool_field,
+    int_field,
+    int_list_field,
+    number_field,
+    optional_bool_field,
+    schema_error,
+)
+
 __all__ = [
     "ChatRequest",
     "CompletionRequest",
     "FakeHTTPError",
     "SamplingRequest",
     "StreamOptions",
+    "bad_request",
+    "check_responses",
     "parse_chat",
     "parse_completion",
     "parse_json_object",
+    "schema_error",
 ]
 
-_MISSING: Any = object()
 _MAX_LOGPROBS = 20
 _GREEDY_EPSILON = 1e-5
 """vLLM treats a temperature below this as greedy sampling."""
-
-
-class FakeHTTPError(Exception):
-    """An error the fake answers with vLLM's body `{"error": {"message","type","param","code"}}`."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        err_type: str = "BadRequestError",
-        param: str | None = None,
-        value: Any = _MISSING,
-        suffix: bool = True,
-    ) -> None:
-        if suffix and param is not None:
-            detail = (
-                f"parameter={param}" if value is _MISSING else f"parameter={param}, value={value}"
-            )
-            message = f"{message} ({detail})"
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.err_type = err_type
-        self.param = param
-
-
-def bad_request(message: str, param: str | None = None, value: Any = _MISSING) -> FakeHTTPError:
-    return FakeHTTPError(400, message, param=param, value=value)
-
-
-def schema_error(
-    kind: str, loc: str, msg: str, value: Any, ctx: Mapping[str, Any] | None = None
-) -> FakeHTTPError:
-    """A request-schema violation, worded like the pydantic error vLLM forwards."""
-    shown = str(value)
-    if isinstance(value, (dict, list)):
-        shown = f"<{type(value).__name__} of {len(value)} items>"
-    detail: dict[str, Any] = {"type": kind, "loc": loc, "msg": msg, "input": shown}
-    if ctx:
-        detail["ctx"] = dict(ctx)
-    message = f"1 validation error:\n  {detail!r}"
-    return FakeHTTPError(400, message, err_type="Bad Request", param=loc, suffix=False)
 
 
 @dataclass(frozen=True)
@@ -187,21 +157,21 @@ def parse_chat(body: dict[str, Any], *, max_model_len: int, vocab_size: int) -> 
     messages = _messages(body)
     tools = _tools(body.get("tools"))
     tool_choice = _tool_choice(body.get("tool_choice"), tools)
-    logprobs = _bool(body, "logprobs", False)
-    top_logprobs = _int(body, "top_logprobs", None)
+    logprobs = bool_field(body, "logprobs", False)
+    top_logprobs = int_field(body, "top_logprobs", None)
     if top_logprobs is not None and (top_logprobs > 0 or top_logprobs == -1) and not logprobs:
         raise bad_request(
             "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
         )
     _check_logprobs_count(top_logprobs)
-    add_generation_prompt = _bool(body, "add_generation_prompt", True)
-    continue_final_message = _bool(body, "continue_final_message", False)
+    add_generation_prompt = bool_field(body, "add_generation_prompt", True)
+    continue_final_message = bool_field(body, "continue_final_message", False)
     if add_generation_prompt and continue_final_message:
         raise FakeHTTPError(
             400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
         )
-    requested = _int(body, "max_completion_tokens", None)
-    requested = requested if requested is not None else _int(body, "max_tokens", None)
+    requested = int_field(body, "max_completion_tokens", None)
+    requested = requested if requested is not None else int_field(body, "max_tokens", None)
     sampling = _sampling(body, requested, max_model_len=max_model_len)
     kwargs = body.get("chat_template_kwargs")
     return ChatRequest(
@@ -214,9 +184,9 @@ def parse_chat(body: dict[str, Any], *, max_model_len: int, vocab_size: int) -> 
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,
         template_kwargs=kwargs if isinstance(kwargs, dict) else {},
-        include_reasoning=_bool(body, "include_reasoning", True),
-        return_prompt_text=_bool(body, "return_prompt_text", False),
-        add_special_tokens=_bool(body, "add_special_tokens", False),
+        include_reasoning=bool_field(body, "include_reasoning", True),
+        return_prompt_text=bool_field(body, "return_prompt_text", False),
+        add_special_tokens=bool_field(body, "add_special_tokens", False),
         token_in=None if sampling.echo else _token_in(body.get("kv_transfer_params"), vocab_size),
     )
 
@@ -226,14 +196,14 @@ def parse_completion(
 ) -> CompletionRequest:
     """Validate a `/v1/completions` body."""
     prompts = _prompts(body.get("prompt"), vocab_size)
-    logprobs = _int(body, "logprobs", None)
+    logprobs = int_field(body, "logprobs", None)
     _check_logprobs_count(logprobs)
-    requested = _int(body, "max_tokens", 16)
+    requested = int_field(body, "max_tokens", 16)
     return CompletionRequest(
         sampling=_sampling(body, requested, max_model_len=max_model_len),
         prompts=prompts,
         logprobs=logprobs,
-        add_special_tokens=_bool(body, "add_special_tokens", True),
+        add_special_tokens=bool_field(body, "add_special_tokens", True),
     )
 
 
@@ -251,20 +221,20 @@ def _sampling(
         raise bad_request(
             f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens
         )
-    n = _int(body, "n", 1)
+    n = int_field(body, "n", 1)
     n = 1 if n is None else n
     if n < 1:
         raise bad_request(f"n must be at least 1, got {n}.", "n", n)
-    temperature = _number(body, "temperature", 1.0)
+    temperature = number_field(body, "temperature", 1.0)
     if n > 1 and temperature < _GREEDY_EPSILON:
         raise FakeHTTPError(400, f"n must be 1 when using greedy sampling, got {n}.")
-    stream = _bool(body, "stream", False)
+    stream = bool_field(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not stream:
         raise bad_request(
             "Stream options can only be defined when `stream=True`.", "stream_options"
         )
-    prompt_logprobs = _int(body, "prompt_logprobs", None)
+    prompt_logprobs = int_field(body, "prompt_logprobs", None)
     if prompt_logprobs is not None and stream:
         raise bad_request(
             "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs"
@@ -276,16 +246,16 @@ def _sampling(
         n=n,
         max_tokens=max_tokens,
         temperature=temperature,
-        seed=_int(body, "seed", None),
+        seed=int_field(body, "seed", None),
         stop=_stop(body.get("stop")),
-        stop_token_ids=frozenset(_int_list(body, "stop_token_ids")),
-        include_stop_str_in_output=_bool(body, "include_stop_str_in_output", False),
-        skip_special_tokens=_bool(body, "skip_special_tokens", True),
-        ignore_eos=_bool(body, "ignore_eos", False),
-        return_token_ids=_bool(body, "return_token_ids", False),
-        return_tokens_as_token_ids=_optional_bool(body, "return_tokens_as_token_ids"),
+        stop_token_ids=frozenset(int_list_field(body, "stop_token_ids")),
+        include_stop_str_in_output=bool_field(body, "include_stop_str_in_output", False),
+        skip_special_tokens=bool_field(body, "skip_special_tokens", True),
+        ignore_eos=bool_field(body, "ignore_eos", False),
+        return_token_ids=bool_field(body, "return_token_ids", False),
+        return_tokens_as_token_ids=optional_bool_field(body, "return_tokens_as_token_ids"),
         prompt_logprobs=prompt_logprobs,
-        echo=_bool(body, "echo", False),
+        echo=bool_field(body, "echo", False),
         stream=stream,
         stream_options=_stream_options(options),
     )
@@ -295,8 +265,8 @@ def _stream_options(options: Any) -> StreamOptions:
     if not isinstance(options, dict):
         return StreamOptions()
     return StreamOptions(
-        include_usage=_bool(options, "include_usage", False, loc="body.stream_options"),
-        continuous_usage_stats=_bool(
+        include_usage=bool_field(options, "include_usage", False, loc="body.stream_options"),
+        continuous_usage_stats=bool_field(
             options, "continuous_usage_stats", False, loc="body.stream_options"
         ),
     )
@@ -380,8 +350,21 @@ def _tool_choice(value: Any, tools: Sequence[Mapping[str, Any]]) -> str | Mappin
     return dict(value)
 
 
+def check_responses(body: Mapping[str, Any]) -> None:
+    """The types of the Responses fields capture reads (vLLM's `ResponsesRequest`)."""
+    bool_field(body, "enable_response_messages", False)
+    bool_field(body, "stream", False)
+    int_field(body, "top_logprobs", None)
+    include = body.get("include")
+    if include is not None and not isinstance(include, list):
+        raise schema_error("list_type", "body.include", "Input should be a valid list", include)
+
+
 def _token_in(value: Any, vocab_size: int) -> tuple[int, ...] | None:
-    if not isinstance(value, dict) or "prompt_token_ids" not in value:
+    if value is not None and not isinstance(value, dict):
+        msg = "Input should be a valid dictionary"
+        raise schema_error("dict_type", "body.kv_transfer_params", msg, value)
+    if value is None or "prompt_token_ids" not in value:
         return None
     ids = value["prompt_token_ids"]
     param = "kv_transfer_params.prompt_token_ids"
@@ -438,73 +421,3 @@ def _stop(value: Any) -> tuple[str, ...]:
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
         return tuple(s for s in value if s)
     raise schema_error("union_type", "body.stop", "Input should be a string or a list", value)
-
-
-_TRUE = {"true", "t", "yes", "y", "on", "1"}
-_FALSE = {"false", "f", "no", "n", "off", "0"}
-
-
-def _bool(body: Mapping[str, Any], key: str, default: bool, *, loc: str = "body") -> bool:
-    """A boolean field, coerced like pydantic's lax mode ("true", 1, "off", ...)."""
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-        return value.lower() in _TRUE
-    if isinstance(value, str):
-        msg = "Input should be a valid boolean, unable to interpret input"
-        raise schema_error("bool_parsing", f"{loc}.{key}", msg, value)
-    raise schema_error("bool_type", f"{loc}.{key}", "Input should be a valid boolean", value)
-
-
-def _optional_bool(body: Mapping[str, Any], key: str) -> bool | None:
-    return None if body.get(key) is None else _bool(body, key, False)
-
-
-def _int(body: Mapping[str, Any], key: str, default: int | None) -> int | None:
-    """An integer field, coerced like pydantic's lax mode ("2" and 2.0 are 2)."""
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, int):  # bool included: pydantic's lax mode accepts it
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            msg = "Input should be a valid integer, unable to parse string as an integer"
-            raise schema_error("int_parsing", f"body.{key}", msg, value) from None
-    if isinstance(value, float):
-        msg = "Input should be a valid integer, got a number with a fractional part"
-        raise schema_error("int_from_float", f"body.{key}", msg, value)
-    raise schema_error("int_type", f"body.{key}", "Input should be a valid integer", value)
-
-
-def _number(body: Mapping[str, Any], key: str, default: float) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            msg = "Input should be a valid number, unable to parse string as a number"
-            raise schema_error("float_parsing", f"body.{key}", msg, value) from None
-    raise schema_error("float_type", f"body.{key}", "Input should be a valid number", value)
-
-
-def _int_list(body: Mapping[str, Any], key: str) -> list[int]:
-    value = body.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise schema_error("list_type", f"body.{key}", "Input should be a valid list", value)
-    return [_int({key: item}, key, 0) or 0 for item in value]

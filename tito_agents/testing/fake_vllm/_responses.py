@@ -22,7 +22,12 @@ from tito_agents.testing.fake_vllm._chat import _ChatRun
 from tito_agents.testing.fake_vllm._engine import Engine, Json, Reply, WireFaults
 from tito_agents.testing.fake_vllm._logprobs import Scored
 from tito_agents.testing.fake_vllm._model import Sample
-from tito_agents.testing.fake_vllm._requests import FakeHTTPError, bad_request, parse_chat
+from tito_agents.testing.fake_vllm._requests import (
+    FakeHTTPError,
+    bad_request,
+    check_responses,
+    parse_chat,
+)
 
 __all__ = ["responses"]
 
@@ -43,6 +48,7 @@ def responses(engine: Engine, body: dict[str, Any], faults: WireFaults) -> Reply
         )
     if body.get("background"):
         raise bad_request("background mode needs VLLM_ENABLE_RESPONSES_API_STORE", "background")
+    check_responses(body)
     chat_body = _as_chat(body)
     request = parse_chat(
         chat_body, max_model_len=engine.settings.max_model_len, vocab_size=engine.codec.vocab_size

@@ -241,6 +241,7 @@ def test_client_disconnect_mid_stream_is_incomplete_and_cancels_upstream(
     assert fake.stats.disconnects == before + 1  # the gateway dropped the upstream request
     report = control.close("ep-cut")
     assert (report["calls"], report["incomplete"], report["samples"]) == (1, 1, 0)
+    assert report["abandoned"] == 1
 
 
 def test_responses_api_is_forwarded_and_captured_like_chat(served: ServedGateway) -> None:
@@ -314,3 +315,17 @@ def test_no_credential_reaches_a_sample_or_a_log(
     assert "ep-secret" in written
     for secret in (agent_key, TOKEN, "wrong-token"):
         assert secret not in logged and secret not in written
+
+
+def test_an_empty_episode_is_logged_with_advice_for_a_gateway_user(
+    served: ServedGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An episode closed with no call names what a gateway user should fix (the base URL, the
+    episode header), not the in-process advice to wrap a client."""
+    control = served.control()
+    control.open("ep-empty")
+    caplog.set_level(logging.WARNING, logger="tito_agents")
+    assert control.close("ep-empty")["calls"] == 0
+    [message] = [r.getMessage() for r in caplog.records if "ep-empty" in r.getMessage()]
+    assert "/episodes/ep-empty/v1" in message and "X-Tito-Episode: ep-empty" in message
+    assert "collector.wrap" not in message

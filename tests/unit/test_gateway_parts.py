@@ -67,3 +67,56 @@ def test_hop_by_hop_and_gateway_headers_stay_behind() -> None:
         ]
     )
     assert sent == [(b"Authorization", b"Bearer vllm-key"), (b"Content-Type", b"application/json")]
+
+
+def test_watching_the_client_cancels_the_work_when_it_leaves() -> None:
+    """`unless_client_leaves`: the client's disconnect cancels the work (None); work that ends
+    first wins and stops the watcher; the work's own error and a cancellation from outside (the
+    server stopping) propagate as they are."""
+    import asyncio
+
+    from tito_agents.gateway._app import unless_client_leaves
+
+    async def scenario() -> None:
+        leave = asyncio.Event()
+
+        async def receive() -> dict[str, str]:
+            await leave.wait()
+            return {"type": "http.disconnect"}
+
+        started, cancelled = asyncio.Event(), []
+
+        async def slow() -> str:
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+            return "never"
+
+        async def quick() -> str:
+            return "answer"
+
+        async def broken() -> str:
+            raise ValueError("work failed")
+
+        task = asyncio.ensure_future(unless_client_leaves(receive, slow))
+        await started.wait()
+        leave.set()
+        assert await task is None and cancelled == [True]
+        leave.clear()
+        assert await unless_client_leaves(receive, quick) == "answer"
+        with pytest.raises(ValueError, match="work failed"):
+            await unless_client_leaves(receive, broken)
+        started.clear()
+        outer = asyncio.ensure_future(unless_client_leaves(receive, slow))
+        await started.wait()
+        outer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        for _ in range(3):  # a cancelled watcher ends on the loop's next turn
+            await asyncio.sleep(0)
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # no watcher left behind
+
+    asyncio.run(scenario())

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tito_agents.gateway._forward import api_error
 from tito_agents.gateway._registry import Registry, RegistryError, call_summaries
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -32,7 +33,7 @@ def json_response(payload: Any, status: int = 200) -> Response:
 
 
 def control_error(status: int, message: str) -> Response:
-    return json_response({"error": {"message": message, "code": status}}, status)
+    return api_error(status, message)
 
 
 class ControlAPI:
@@ -156,8 +157,8 @@ class ControlAPI:
 
     async def policy_version(self, request: Request) -> Response:
         body = await _json_object(request)
-        self.registry.collector.policy_version = _opt_str(body, "policy_version")
-        return json_response({"policy_version": self.registry.collector.policy_version})
+        self.registry.collector.settings.policy_version = _opt_str(body, "policy_version")
+        return json_response({"policy_version": self.registry.collector.settings.policy_version})
 
     async def stats(self, request: Request) -> Response:
         return json_response(self.registry.collector.stats.as_dict())

@@ -10,7 +10,8 @@ statuses when the upstream gives no answer.
 Streams are relayed chunk by chunk as the upstream sends them (`aiter_raw`: the bytes as they
 came, nothing buffered), so time to first byte is the upstream's. A client that goes away
 mid-stream closes the upstream response: the tee records the call INCOMPLETE and the upstream
-connection is dropped, which makes vLLM abort the request.
+connection is dropped, which makes vLLM abort the request. (A client that goes away before the
+answer is cancelled by `_app`, which watches it while `send` and `read` run.)
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from __future__ import annotations
 import contextvars
 import logging
 import types
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import orjson
+from starlette.responses import Response
 
 from tito_agents.integration import Attribution
 
@@ -99,6 +101,30 @@ def error_body(status: int, message: str, kind: str) -> bytes:
     )
 
 
+_ERROR_KINDS = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    409: "ConflictError",
+    413: "PayloadTooLargeError",
+    414: "URITooLongError",
+    500: "InternalServerError",
+}
+
+
+def api_error(status: int, message: str, allow: tuple[str, ...] = ()) -> Response:
+    """An error the gateway answers itself, in vLLM's shape (`allow`: a 405's methods)."""
+    response = Response(
+        error_body(status, message, _ERROR_KINDS.get(status, "GatewayError")),
+        status,
+        media_type="application/json",
+    )
+    if allow:
+        response.headers["allow"] = ", ".join(allow)
+    return response
+
+
 @dataclass(frozen=True, slots=True)
 class UpstreamFailure(Exception):
     """The upstream gave no answer: `status` is what the client gets."""
@@ -155,13 +181,20 @@ class Forwarder:
         finally:
             await response.aclose()
 
-    async def relay(self, response: Any) -> AsyncIterator[bytes]:
+    async def relay(
+        self, response: Any, abandoned: Callable[[], None] | None = None
+    ) -> AsyncIterator[bytes]:
         """The chunks of a stream as they arrive. However the relay ends (the client went away,
         the upstream cut it), the upstream response is closed, shielded from the cancellation
-        that ended it, so the tee records the call and the connection is released or dropped."""
+        that ended it, so the tee records the call and the connection is released or dropped.
+        `abandoned` is called when the client went away before the end."""
         try:
             async for chunk in response.aiter_raw():
                 yield chunk
+        except (GeneratorExit, anyio.get_cancelled_exc_class()):
+            if abandoned is not None:
+                abandoned()
+            raise
         finally:
             with anyio.CancelScope(shield=True):
                 await response.aclose()

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tito_agents.calls import CallStatus
+from tito_agents.calls import count_calls
 from tito_agents.collector import Collector
 from tito_agents.episodes import Episode
 from tito_agents.errors import EpisodeCaptureError
@@ -27,6 +27,14 @@ from tito_agents.gateway._journal import Journal
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~-]{0,127}")
 """Episode ids travel in URL paths: letters, digits and `._:~-`, 128 at most."""
 MAX_FAILURES_KEPT = 50
+EMPTY_ADVICE = (
+    "give the harness the episode's base URL (/episodes/{episode_id}/v1 on this gateway, the "
+    "`base_url` its opening answered) or send its calls to /v1 with the header "
+    "`X-Tito-Episode: {episode_id}`, and check that the harness uses the base URL it is given "
+    "(many read OPENAI_BASE_URL or their own configuration instead); calls to /v1 without the "
+    "header are outside any episode"
+)
+"""The empty-episode warning's advice for a gateway episode (the library's says to wrap a client)."""
 """Failed upstream requests listed per episode (all are counted)."""
 
 
@@ -49,6 +57,8 @@ class OpenEpisode:
     failures: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_FAILURES_KEPT))
     failed_requests: int = 0
     forwarded: int = 0
+    abandoned: int = 0
+    """Requests whose client went away before its answer was whole (never samples)."""
     closing: bool = False
 
     def note_failure(self, status: int, path: str, message: str) -> None:
@@ -102,6 +112,7 @@ class Registry:
             metadata=metadata,
             sessions=sessions,
         )
+        episode.empty_advice = EMPTY_ADVICE.format(episode_id=episode.episode_id)
         held = OpenEpisode(episode, dict(labels or {}), time.time())
         self.open[episode.episode_id] = held
         if self.journal is not None:
@@ -183,13 +194,13 @@ def episode_report(held: OpenEpisode, *, status: str) -> dict[str, Any]:
     episode = held.episode
     report = dataclasses.asdict(episode.report)
     if status in ("open", "closing"):
-        calls = list(episode.calls)
-        statuses = [c.status for c in calls]
+        counts = count_calls(list(episode.calls))
         report.update(
-            calls=len(calls),
-            complete=statuses.count(CallStatus.COMPLETE),
-            incomplete=statuses.count(CallStatus.INCOMPLETE),
-            unusable=statuses.count(CallStatus.UNUSABLE),
+            calls=counts.calls,
+            complete=counts.complete,
+            incomplete=counts.incomplete,
+            unusable=counts.unusable,
+            in_flight=episode.inflight,
             errors=[str(e) for e in list(episode.errors)],
         )
     report.update(
@@ -199,8 +210,8 @@ def episode_report(held: OpenEpisode, *, status: str) -> dict[str, Any]:
         group_id=episode.group_id,
         agent=episode.agent,
         labels=held.labels,
-        in_flight=episode.inflight,
         forwarded=held.forwarded,
+        abandoned=held.abandoned,
         failed_requests=held.failed_requests,
         upstream_failures=list(held.failures),
     )

@@ -152,3 +152,22 @@ async def run_async(client: Any, cap: Capture) -> Any:
     if stream:
         return [chunk async for chunk in result]
     return result
+
+
+MSG = [{"role": "user", "content": "x"}]
+"""A one-message chat: what a test sends where the replayed answer does not depend on it."""
+
+
+def streamed_ids(cap: Capture) -> tuple[list[int], list[int]]:
+    """(prompt ids, sampled ids) of a one-choice chat stream capture, read from its events."""
+    prompt: list[int] = []
+    sampled: list[int] = []
+    for event in cap.events():
+        data = event.strip()[len(b"data: ") :]
+        if data == b"[DONE]":
+            continue
+        chunk = json.loads(data)
+        prompt = chunk.get("prompt_token_ids") or prompt
+        for choice in chunk["choices"]:
+            sampled += choice.get("token_ids") or []
+    return prompt, sampled

@@ -27,12 +27,11 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
 
-from tito_agents._wire.request import RequestInfo
 from tito_agents.calls import Call, CallStatus, Endpoint, ScoringEndpoint
 
 logger = logging.getLogger("tito_agents")
@@ -71,7 +70,19 @@ def has_rollout_logprobs(call: Call) -> bool:
     return lp is not None and lp.shape == call.sampled_ids.shape
 
 
-def scored_later(info: RequestInfo) -> bool:
+class ScoredRequest(Protocol):
+    """What `scored_later` reads of a request (capture's `_wire.request.RequestInfo`): re-scoring
+    runs in the export stage and never imports capture."""
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+    @property
+    def constrained(self) -> str | None: ...
+    @property
+    def wants_logprobs(self) -> bool: ...
+
+
+def scored_later(info: ScoredRequest) -> bool:
     """Whether a request's call may need re-scoring at the episode's end (re-scoring on): a
     constrained one (masked logprobs), or a Responses one that asks for logprobs (vLLM 0.32 leaves
     out those of function-call and reasoning tokens and of a stream's EOS)."""

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 import tito_agents as tito
+from tests.support.rescore_fake import rescore_independently
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer, RequestView
 from tito_agents.testing.smollm2 import MODEL_NAME
 
@@ -71,25 +72,6 @@ def run_episode(client: openai.OpenAI, collector: tito.Collector, forced: Any) -
             model=MODEL_NAME, messages=messages, tools=TOOLS, tool_choice=forced, max_tokens=60
         )
         client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=20)
-
-
-def rescore_independently(server: FakeVLLMServer, sample: tito.Sample) -> np.ndarray:
-    """The free model's logprob of every token of `sample`, from the server's prompt scoring."""
-    import httpx
-
-    body = {
-        "model": MODEL_NAME,
-        "prompt": sample.token_ids.tolist(),
-        "max_tokens": 1,
-        "prompt_logprobs": 0,
-    }
-    answer = httpx.post(f"{server.base_url}/completions", json=body, timeout=30).json()
-    entries = answer["choices"][0]["prompt_logprobs"]
-    out = np.zeros(sample.num_tokens, dtype=np.float32)
-    for i, (token, entry) in enumerate(zip(sample.token_ids.tolist(), entries, strict=True)):
-        if entry is not None:
-            out[i] = entry[str(token)]["logprob"]
-    return out
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.integration.test_rescore_fake import rescore_independently
-from tests.integration.test_sessions_fake import responder
+from tests.support.rescore_fake import rescore_independently
+from tests.support.sessions_fake import responder
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 

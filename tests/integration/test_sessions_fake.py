@@ -6,7 +6,6 @@ import asyncio
 import copy
 import itertools
 import json
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -15,12 +14,12 @@ import orjson
 import pytest
 
 import tito_agents as tito
+from tests.support.sessions_fake import extends, make_client, recording_hook, responder
 from tito_agents.calls import SessionNote
 from tito_agents.testing.fake_vllm import (
     FakeConfig,
     FakeResponse,
     FakeVLLM,
-    RequestView,
     mock_transport,
 )
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
@@ -41,39 +40,6 @@ TOOLS = [
 ]
 
 
-def responder(view: RequestView) -> str:
-    """Calls the tool until a tool result is the last message, then answers in words."""
-    messages = view.messages or []
-    if messages and messages[-1].get("role") == "tool":
-        return "It is sunny in the dataset of Paris, with a database of clouds."
-    return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-Hook = Callable[[str, bytes], tuple[str, bytes] | FakeResponse]
-
-
-def make_client(
-    fake: FakeVLLM, collector: tito.Collector, hook: Hook | None = None, *, sessions: bool = True
-) -> openai.OpenAI:
-    """A sync openai client whose HTTP goes to the pure fake core (optionally through `hook`,
-    which may change a request's path and body, or answer it instead of the fake)."""
-
-    def handle(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> FakeResponse:
-        if hook is not None:
-            hooked = hook(path, body)
-            if isinstance(hooked, FakeResponse):
-                return hooked
-            path, body = hooked
-        return fake.handle(method, path, body, headers)
-
-    client = openai.OpenAI(
-        base_url="http://vllm.test/v1",
-        api_key="x",
-        http_client=openai.DefaultHttpxClient(transport=mock_transport(handle)),
-    )
-    return collector.wrap(client, sessions=sessions)
-
-
 def tool_loop(client: openai.OpenAI, turns: int = 3, **kwargs: Any) -> list[dict[str, Any]]:
     """An agent loop that appends only: assistant turn, tool result, ..., final answer."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
@@ -90,13 +56,6 @@ def tool_loop(client: openai.OpenAI, turns: int = 3, **kwargs: Any) -> list[dict
         for call in message.tool_calls:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": "18C, sunny"})
     return messages
-
-
-def extends(prev: tito.Call, nxt: tito.Call) -> bool:
-    head = np.concatenate((prev.prompt_ids, prev.sampled_ids))
-    return nxt.prompt_ids.shape[0] > head.shape[0] and bool(
-        np.array_equal(nxt.prompt_ids[: head.shape[0]], head)
-    )
 
 
 @pytest.fixture(scope="module")
@@ -361,17 +320,6 @@ def test_end_of_turn_learnt_in_one_episode_serves_the_next(drift_fake: FakeVLLM)
     assert first.finish_reason == "length"
     assert second.session == SessionNote.TOKEN_IN_BRIDGED
     assert second.session_ms is not None and second.session_ms >= 0.0
-
-
-def recording_hook(asks: list[dict[str, Any]]) -> Hook:
-    """A hook that keeps the body of every /tokenize the session sends."""
-
-    def hook(path: str, body: bytes) -> tuple[str, bytes]:
-        if path == "/tokenize":
-            asks.append(json.loads(body))
-        return path, body
-
-    return hook
 
 
 def rendered_delta(tok: Any, messages: list[dict[str, Any]], k: int, **kwargs: Any) -> str:

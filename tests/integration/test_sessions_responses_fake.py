@@ -14,7 +14,7 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.integration.test_sessions_fake import Hook, extends, make_client, responder
+from tests.support.sessions_fake import Hook, extends, make_client, responder
 from tito_agents.calls import Endpoint, SessionNote
 from tito_agents.testing.fake_vllm import FakeConfig, FakeResponse, FakeVLLM
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer

@@ -1,6 +1,6 @@
 """Token-in sessions and the chat template (issue 19): the end-of-turn token derived from the
 server's own template, precise fallbacks for templates that re-render history, and the opt-in
-that keeps the model's sampled tokens (`SessionHistory.SAMPLED`). On the fake vLLM, which renders
+that keeps the model's sampled tokens (`SessionHistoryPolicy.SAMPLED`). On the fake vLLM, which renders
 with the real SmolLM2 tokenizer and the template given here; the real-engine matrix is
 tests/e2e/test_templates_real.py."""
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tito_agents as tito
-from tests.integration.test_sessions_fake import extends, make_client, recording_hook
+from tests.support.sessions_fake import extends, make_client, recording_hook
 from tito_agents.calls import SessionNote
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
@@ -166,7 +166,7 @@ def test_sampled_history_keeps_the_sampled_tokens_and_renders_only_the_new_messa
     """Opt-in: where the template would re-render history, the model keeps its own tokens; each
     prompt is the previous prompt + sampled ids + the template's rendering of the new messages."""
     collector = tito.Collector(session_history="sampled", assembly="merged")
-    assert collector.session_history is tito.SessionHistory.SAMPLED
+    assert collector.settings.session_history is tito.SessionHistoryPolicy.SAMPLED
     fake = fake_with(DROPS_PAST)
     ep = chat(fake, collector, questions=("A?", "B?", "C?", "D?"))
     tok = load_tokenizer()

@@ -12,9 +12,16 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.captures import Capture, Replay, load_capture, replay_clients, run_async, run_sync
-
-MSG = [{"role": "user", "content": "x"}]
+from tests.captures import (
+    MSG,
+    Capture,
+    Replay,
+    load_capture,
+    replay_clients,
+    run_async,
+    run_sync,
+    streamed_ids,
+)
 
 
 def with_body(cap: Capture, body: bytes) -> Capture:
@@ -426,21 +433,6 @@ def stream_clients(
         http_client=openai.DefaultAsyncHttpxClient(transport=async_t),
     )
     return collector.wrap(sync), collector.wrap(asyn)
-
-
-def streamed_ids(cap: Capture) -> tuple[list[int], list[int]]:
-    """(prompt ids, sampled ids) of a one-choice chat stream capture, read from its events."""
-    prompt: list[int] = []
-    sampled: list[int] = []
-    for event in cap.events():
-        data = event.strip()[len(b"data: ") :]
-        if data == b"[DONE]":
-            continue
-        chunk = json.loads(data)
-        prompt = chunk.get("prompt_token_ids") or prompt
-        for choice in chunk["choices"]:
-            sampled += choice.get("token_ids") or []
-    return prompt, sampled
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "gzip, deflate"])

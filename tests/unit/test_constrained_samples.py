@@ -45,7 +45,15 @@ def flagged(index: int, *, policy: bool = True) -> Sample:
 
 
 def same(a: Sample, b: Sample) -> None:
-    assert a.to_dict().keys() == b.to_dict().keys()
+    """`b` holds what `a` holds: every field of `to_dict`, by value (arrays element by element)."""
+    left, right = a.to_dict(), b.to_dict()
+    assert left.keys() == right.keys()
+    for key, value in left.items():
+        if isinstance(value, np.ndarray) or isinstance(right[key], np.ndarray):
+            assert (value is None) == (right[key] is None), key
+            np.testing.assert_array_equal(value, right[key], err_msg=key)
+        else:
+            assert value == right[key], key
     assert [s.to_dict() for s in a.spans] == [s.to_dict() for s in b.spans]
     for name in ("token_ids", "loss_mask", "logprobs", "policy_logprobs"):
         left, right = getattr(a, name), getattr(b, name)
@@ -55,6 +63,26 @@ def same(a: Sample, b: Sample) -> None:
 
 
 SAMPLES = [flagged(0), flagged(1, policy=False), synthetic_sample(2)]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"reward": 0.25},
+        {"episode_id": "another-episode"},
+        {"agent": "another-agent"},
+        {"metadata": {"turn": 9}},
+    ],
+)
+def test_same_sees_a_changed_value(change: dict[str, object]) -> None:
+    """The round-trip check compares values, not only which fields exist: a round trip that
+    changed the reward, the episode or the agent fails it."""
+    sample = flagged(0)
+    changed = decode_frame(encode_frame(sample))
+    for name, value in change.items():
+        setattr(changed, name, value)
+    with pytest.raises(AssertionError):
+        same(sample, changed)
 
 
 def test_constrained_mask_and_ratio_logprobs() -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.unit.test_merge import make_call
-from tito_agents.assembly import Divergence, merged_samples
+from tests.support.toy_chatml import toy_call
+from tito_agents.assembly import AssemblyOptions, Divergence, EpisodeContext, assemble_merged
 from tito_agents.assembly.divergence import DivergenceKind
 from tito_agents.calls import Call
 from tito_agents.samples import Sample
@@ -62,14 +62,10 @@ def merge(
     def decode(ids: Sequence[int]) -> str:
         return str(tok.decode(list(ids)))
 
-    return merged_samples(
-        calls,
-        episode_id="ep",
-        episode_reward=1.0,
-        decode=decode if text else None,
-        special_ids=tok.all_special_ids,
-        eos_ids=[EOS],
+    options = AssemblyOptions.of(
+        decode=decode if text else None, special_ids=tok.all_special_ids, eos_ids=[EOS]
     )
+    return assemble_merged(calls, EpisodeContext("ep", 1.0), options)
 
 
 USER = {"role": "user", "content": "Name a dataset of handwritten digits."}
@@ -83,8 +79,8 @@ def two_turns(
     prompt0 = render(tok, [USER], tools)
     prompt1 = render(tok, [USER, answer, FOLLOW_UP], tools)
     return [
-        make_call("r0/0", prompt0, sampled, seq=0, finish=finish),
-        make_call("r1/0", prompt1, [*enc(tok, "It has 70,000 images."), EOS], seq=1),
+        toy_call("r0/0", prompt0, sampled, seq=0, finish=finish),
+        toy_call("r1/0", prompt1, [*enc(tok, "It has 70,000 images."), EOS], seq=1),
     ]
 
 
@@ -167,9 +163,9 @@ def test_removed_turn_is_history_rewrite(tok: Any) -> None:
     m1 = [USER, {"role": "assistant", "content": a0}, FOLLOW_UP]
     m2 = [*m1[1:], {"role": "assistant", "content": a1}, {"role": "user", "content": "Thanks!"}]
     calls = [
-        make_call("r0/0", render(tok, m0), [*enc(tok, a0), EOS], seq=0),
-        make_call("r1/0", render(tok, m1), [*enc(tok, a1), EOS], seq=1),
-        make_call("r2/0", render(tok, m2), [*enc(tok, "You are welcome."), EOS], seq=2),
+        toy_call("r0/0", render(tok, m0), [*enc(tok, a0), EOS], seq=0),
+        toy_call("r1/0", render(tok, m1), [*enc(tok, a1), EOS], seq=1),
+        toy_call("r2/0", render(tok, m2), [*enc(tok, "You are welcome."), EOS], seq=2),
     ]
     samples, divergences = merge(tok, calls)
     (d,) = divergences
@@ -217,8 +213,8 @@ def test_truncated_on_token_boundary_merges(tok: Any) -> None:
 def test_resample_of_same_prompt_keeps_both(tok: Any) -> None:
     """Two choices of one request: sibling samples, both trained, neither dropped."""
     prompt = np.array(render(tok, [USER]), dtype=np.int32)
-    a = make_call("r0/0", prompt, [*enc(tok, "MNIST."), EOS], seq=0)
-    b = make_call("r0/1", prompt, [*enc(tok, "EMNIST."), EOS], seq=0, choice=1)
+    a = toy_call("r0/0", prompt, [*enc(tok, "MNIST."), EOS], seq=0)
+    b = toy_call("r0/1", prompt, [*enc(tok, "EMNIST."), EOS], seq=0, choice=1)
     samples, divergences = merge(tok, [a, b])
     (d,) = divergences
     assert (d.kind, d.rewrite_point) == (K.RESAMPLE, prompt.shape[0])

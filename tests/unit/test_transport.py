@@ -134,7 +134,7 @@ def test_zstd_streams_are_read_where_the_http_library_can_decode_them(module_nam
     saying which encoding, never as a stream that "ended without [DONE]"."""
     import importlib
 
-    from tests.unit.test_capture_faults import MSG, streamed_ids
+    from tests.captures import MSG, streamed_ids
 
     zstandard = pytest.importorskip("zstandard")  # here through langsmith; httpx needs it too
 

@@ -6,7 +6,7 @@ the rollout logprobs on every trained token (`stats.RatioStats`), beside the sam
 as a text-based collector would (`text_pipeline`). `step.grpo_step` runs one clipped-surrogate GRPO
 step on the packed converter output and `step.save_policy` writes the weights for vLLM.
 
-Needs torch and transformers (`pip install 'tito-agents[trainer-check]'`), imported on first use.
+Needs torch and transformers (`pip install '.[trainer-check]'` in a checkout), imported on first use.
 See docs/trainer-check.md.
 """
 

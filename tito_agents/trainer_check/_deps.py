@@ -10,7 +10,7 @@ from types import ModuleType
 
 from tito_agents.errors import ConfigurationError
 
-INSTALL_HINT = "pip install 'tito-agents[trainer-check]'  (torch and transformers)"
+INSTALL_HINT = "pip install torch transformers (or in a checkout: pip install '.[trainer-check]')"
 
 
 def torch() -> ModuleType:

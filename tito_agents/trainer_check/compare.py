@@ -269,7 +269,7 @@ def text_rows(
     constrained: frozenset[str],
 ) -> list[TextRow]:
     """Every sample rebuilt through the text pipeline with `chat_template` (the server's)."""
-    from tito_agents.testing.fake_vllm._codec import TokenCodec
+    from tito_agents.token_codec import TokenCodec
 
     tokenizer.chat_template = chat_template
     codec = TokenCodec(tokenizer)
@@ -283,6 +283,12 @@ def text_rows(
         )
         for s in samples
     ]
+
+
+SERVED_TEMPLATE_PATH = Path(__file__).parents[1] / "testing" / "templates" / "chatml_tools.jinja"
+"""The chat template `scripts/vllm_server.py` serves SmolLM2 with (a data file shipped beside the
+fake vLLM, `tito_agents.testing.smollm2.TOOLS_TEMPLATE_PATH`): read as a file, so the trainer
+check never imports the test package."""
 
 
 def compare(
@@ -317,9 +323,7 @@ def compare(
     text_dtypes = tuple(dtypes if text_dtypes is None else text_dtypes)
     if text_dtypes:
         if chat_template is None:
-            from tito_agents.testing.smollm2 import TOOLS_TEMPLATE_PATH
-
-            chat_template = TOOLS_TEMPLATE_PATH.read_text(encoding="utf-8")
+            chat_template = SERVED_TEMPLATE_PATH.read_text(encoding="utf-8")
         rows = text_rows(
             samples, calls, tokenizer, chat_template=chat_template, constrained=constrained
         )

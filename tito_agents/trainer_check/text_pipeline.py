@@ -27,7 +27,7 @@ from tito_agents.calls import Call
 from tito_agents.samples import Sample
 
 if TYPE_CHECKING:  # the codec (tokenizers) is only needed when a rebuild runs
-    from tito_agents.testing.fake_vllm._codec import TokenCodec
+    from tito_agents.token_codec import TokenCodec
 
 
 class TextPipelineError(ValueError):

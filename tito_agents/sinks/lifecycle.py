@@ -5,6 +5,10 @@ exit, each one still open gets an `UnclosedSinkWarning` (also logged) and a last
 a forgotten `close()` costs a warning, not silent loss. What cannot be delivered in that time is
 spilled (buffered sinks) or left in a recoverable in-progress file (file sinks), and the warning
 says where.
+
+The interface, within the package (not the user API): sinks that hold samples call `track`;
+whatever feeds sinks from a queue of its own (the exporter's thread) calls `drain_before_close`,
+so its queue reaches the sinks before their last close.
 """
 
 from __future__ import annotations
@@ -16,6 +20,16 @@ import threading
 import warnings
 import weakref
 from typing import Protocol
+
+__all__ = [
+    "EXIT_TIMEOUT",
+    "ClosesAtExit",
+    "DrainsAtExit",
+    "UnclosedSinkWarning",
+    "close_unclosed",
+    "drain_before_close",
+    "track",
+]
 
 logger = logging.getLogger("tito_agents.sinks")
 
@@ -109,6 +123,7 @@ def close_unclosed(timeout: float = EXIT_TIMEOUT) -> int:
         except Exception as exc:  # the hook must reach every sink
             outcome = f"closing failed: {exc!r}"
         message = f"{sink!r} was not closed before exit; {outcome}. Call close() to drain it."
-        logger.warning("%s", message)
+        if logger.hasHandlers():  # unconfigured, logging's last resort would print it twice
+            logger.warning("%s", message)
         warnings.warn(message, UnclosedSinkWarning, stacklevel=1)
     return closed

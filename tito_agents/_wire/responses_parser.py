@@ -1,0 +1,255 @@
+"""The Responses API parser (vLLM 0.32, `enable_response_messages: true`).
+
+One response is one call (choice index 0): `input_messages[0].tokens` is the prompt the engine
+saw, `output_messages[0].tokens` what it sampled (EOS included). The output items say what the
+parsers made of them: `message` (text, with per-token logprobs when asked), `function_call`,
+`reasoning`. vLLM gives logprobs only for output text: tokens its parsers turn into function
+calls or reasoning carry none, so such a call keeps exact ids and no logprobs. In a stream the
+entries are per text delta (the EOS has none): unless they cover every id, the call has none.
+Only the final stream event (`response.completed`, or `response.incomplete` / `response.failed`)
+carries the ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tito_agents._wire.request import RequestInfo
+from tito_agents._wire.response import ParsedChoice, ResponseParser, to_ids
+from tito_agents._wire.responses_chat import assistant_message
+from tito_agents.calls import Endpoint, IdArray
+from tito_agents.errors import (
+    CaptureError,
+    MalformedResponseError,
+    MissingTokenIdsError,
+    TokenCountMismatchError,
+)
+
+_RESPONSES_FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_RESPONSE_ID_KEYS = ("input_messages", "output_messages")
+
+_NO_MESSAGES_FIX = (
+    "use vLLM >= 0.32 for the Responses API (earlier versions return input_messages/"
+    "output_messages only for gpt-oss models, and never in streams), call the chat completions "
+    "endpoint instead, or do not mark this host as vLLM if it is another server"
+)
+
+
+def _engine_tokens(payload: dict[str, Any], key: str) -> IdArray | None:
+    """The token ids of `input_messages` / `output_messages`: None when the field is absent or
+    null (the server ignored `enable_response_messages`)."""
+    entries = payload.get(key)
+    if entries is None:
+        return None
+    if not isinstance(entries, list):
+        raise MalformedResponseError(f"{key} is {type(entries).__name__}, expected a list")
+    if len(entries) != 1:
+        # several engine turns in one response (a server-side tool loop) are not one call
+        raise MalformedResponseError(
+            f"{key} holds {len(entries)} entries; capture expects one engine turn per response",
+            fix="run tools on the client side (function tools), one response per model turn",
+        )
+    entry = entries[0]
+    if not isinstance(entry, dict) or "tokens" not in entry:
+        raise MissingTokenIdsError(
+            f"{key}[0] carries no tokens (harmony message objects hold no token ids).",
+            fix="use the chat completions endpoint for harmony (gpt-oss) models",
+        )
+    return to_ids(entry["tokens"], f"{key}[0].tokens")
+
+
+def _responses_finish(payload: dict[str, Any], tool_calls: list[dict[str, Any]] | None) -> str:
+    """The chat-style finish reason of a response: "length" when `max_output_tokens` cut it,
+    "tool_calls" when it made function calls, "stop" otherwise (or the incomplete reason)."""
+    status = payload.get("status")
+    if status == "incomplete":
+        details = payload.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, dict) else None
+        return "length" if reason in (None, "max_output_tokens") else str(reason)
+    if status != "completed":
+        return str(status)
+    return "tool_calls" if tool_calls else "stop"
+
+
+def _output_items(
+    output: Any, *, want_logprobs: bool
+) -> tuple[list[dict[str, Any]] | None, list[str] | None, list[float] | None, bool]:
+    """Tool calls, reasoning texts and the output text's logprobs of a response's `output`, and
+    whether any item holds tokens that carry no logprobs (function calls, reasoning)."""
+    tool_calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    logprobs: list[float] = []
+    untexted = False
+    if not isinstance(output, list):
+        raise MalformedResponseError("response output is not a list")
+    for item in output:
+        if not isinstance(item, dict):
+            raise MalformedResponseError("a response output item is not an object")
+        kind = item.get("type")
+        if kind == "message":
+            for part in item.get("content") or ():
+                entries = part.get("logprobs") if isinstance(part, dict) else None
+                if want_logprobs and entries is not None:
+                    try:
+                        logprobs.extend(e["logprob"] for e in entries)
+                    except (TypeError, KeyError) as exc:
+                        raise MalformedResponseError(
+                            f"output logprobs are malformed: {exc}"
+                        ) from exc
+        elif kind == "function_call":
+            untexted = True
+            tool_calls.append({k: item.get(k) for k in ("call_id", "name", "arguments", "id")})
+        elif kind == "reasoning":
+            untexted = True
+            parts = [*(item.get("content") or ()), *(item.get("summary") or ())]
+            reasoning.append("".join(p.get("text") or "" for p in parts if isinstance(p, dict)))
+        else:
+            untexted = True
+    return (
+        tool_calls or None,
+        reasoning or None,
+        logprobs if want_logprobs else None,
+        untexted,
+    )
+
+
+def parse_responses_body(payload: Any, info: RequestInfo) -> ParsedChoice:
+    """The one call of a Responses body (non-stream, or the final event's `response`)."""
+    if not isinstance(payload, dict) or payload.get("object", "response") != "response":
+        raise MalformedResponseError("response body is not a Responses object")
+    choice = ParsedChoice(
+        index=0,
+        prompt_ids=None,
+        sampled_ids=None,
+        logprobs=None,
+        finish_reason=None,
+        stop_reason=None,
+    )
+    try:
+        status = payload.get("status")
+        if status in ("queued", "in_progress"):
+            raise MissingTokenIdsError(
+                f"the response is {status} (background mode): its ids are not in this body.",
+                fix="call the Responses API without background=true on vLLM hosts",
+            )
+        if status == "failed":
+            raise MalformedResponseError(f"the response failed: {payload.get('error')}")
+        tool_calls, reasoning, lps, untexted = _output_items(
+            payload.get("output") or [], want_logprobs=info.wants_logprobs
+        )
+        choice.tool_calls, choice.reasoning = tool_calls, reasoning
+        if info.want_message:  # token-in sessions compare it with the next request's input
+            choice.message = assistant_message(payload.get("output"))
+        choice.finish_reason = _responses_finish(payload, tool_calls)
+        choice.prompt_ids = _engine_tokens(payload, "input_messages")
+        choice.sampled_ids = _engine_tokens(payload, "output_messages")
+        if choice.prompt_ids is None or choice.sampled_ids is None:
+            raise MissingTokenIdsError(
+                "the Responses body has no input_messages/output_messages token ids although "
+                "enable_response_messages was sent; the server ignored it.",
+                fix=_NO_MESSAGES_FIX,
+            )
+        sampled = int(choice.sampled_ids.shape[0])
+        if lps is not None and len(lps) == sampled:
+            choice.logprobs = np.array(lps, dtype=np.float32)
+        elif lps is not None and not (untexted or info.stream) and (lps or payload.get("output")):
+            # a non-stream text answer has one entry per sampled id (EOS included): not here
+            raise TokenCountMismatchError(f"{len(lps)} logprobs for {sampled} sampled ids.")
+        # else, known gaps of vLLM 0.32, where the ids stay exact and the call has no logprobs:
+        # tokens turned into function calls / reasoning (or into no item at all) carry none, and a
+        # stream's entries are per text delta (none for the EOS, one for the tokens of a
+        # character split across tokens); equal counts mean one entry per id, in order
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            for key, ids in (
+                ("output_tokens", choice.sampled_ids),
+                ("input_tokens", choice.prompt_ids),
+            ):
+                count = usage.get(key)
+                if isinstance(count, int) and count != ids.shape[0]:
+                    raise TokenCountMismatchError(f"{ids.shape[0]} ids but usage.{key} is {count}.")
+    except CaptureError as exc:
+        choice.error = exc
+    return choice
+
+
+def responses_caller_view(payload: dict[str, Any], info: RequestInfo) -> dict[str, Any]:
+    """The Responses body as the caller would have got it without capture: the fields capture
+    added set to null, as vLLM sends them when not asked."""
+    if info.added_ids:
+        for key in _RESPONSE_ID_KEYS:
+            if key in payload:
+                payload[key] = None
+    if info.added_logprobs:
+        if info.added_top_logprobs and "top_logprobs" in payload:
+            payload["top_logprobs"] = None
+        for item in payload.get("output") or ():
+            if isinstance(item, dict) and item.get("type") == "message":
+                for part in item.get("content") or ():
+                    if isinstance(part, dict) and "logprobs" in part:
+                        part["logprobs"] = None
+    return payload
+
+
+class ResponsesParser(ResponseParser, endpoints=(Endpoint.RESPONSES,)):
+    """The `ResponseParser` of the Responses API (see the module docstring)."""
+
+    def __init__(self, info: RequestInfo) -> None:
+        super().__init__(info)
+        self._final: list[ParsedChoice] | None = None
+        """A stream: the choice parsed from its final event."""
+
+    # ---- non-streaming ----
+
+    def parse_body(self, body: bytes) -> list[ParsedChoice]:
+        """Parse a complete Responses body (parsed whole: its shape has no cut-out arrays yet)."""
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedResponseError(f"response body is not valid JSON: {exc}") from exc
+        one = [parse_responses_body(payload, self.info)]
+        self.response_id = payload.get("id")
+        self.model = payload.get("model")
+        self.done = True
+        self._payload = payload
+        return one
+
+    def caller_body(self) -> bytes | None:
+        """See `ResponseParser.caller_body` (`responses_caller_view`)."""
+        info, payload = self.info, self._payload
+        if payload is None or not (info.added_ids or info.added_logprobs):
+            return None
+        return orjson.dumps(responses_caller_view(payload, info))
+
+    # ---- streaming ----
+
+    def feed_event(self, event: Any) -> None:
+        """Absorb one decoded SSE data payload (a dict): only the final event carries the ids;
+        `error` fails the call."""
+        if type(event) is not dict:
+            raise MalformedResponseError("SSE event is not a JSON object")
+        self._feed_responses_event(event)
+
+    def _feed_responses_event(self, event: dict[str, Any]) -> None:
+        """A Responses stream event: only the final one (`response.completed`, or
+        `response.incomplete` / `response.failed`) carries the ids; `error` fails the call."""
+        kind = event.get("type")
+        if kind in _RESPONSES_FINAL:
+            response = event.get("response")
+            if not isinstance(response, dict):
+                raise MalformedResponseError(f"the {kind} event has no response object")
+            self.response_id = response.get("id") or self.response_id
+            self.model = response.get("model") or self.model
+            self._final = [parse_responses_body(response, self.info)]
+            self.done = True
+        elif kind == "error":
+            raise MalformedResponseError(f"stream carried an error event: {event}")
+        elif self.response_id is None and isinstance(event.get("response"), dict):
+            self.response_id = event["response"].get("id")
+            self.model = event["response"].get("model")
+
+    def finish_stream(self) -> list[ParsedChoice]:
+        """The stream's one choice, from its final event (none when that event never came)."""
+        return list(self._final or ())

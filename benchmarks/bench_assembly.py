@@ -9,7 +9,7 @@ prompt extends the previous prompt + sampled ids. Variant "diverging": also a re
 dropped special-delimited reasoning block and a removed early observation (3 extra samples).
 
 Targets: prefix checks >= 50M tokens/s, merged assembly < 10 ms per episode. "Prefix checks" are the
-comparisons `merged_samples` does to decide that a prompt extends a tip: each prompt against the
+comparisons `assemble_merged` does to decide that a prompt extends a tip: each prompt against the
 previous prompt + sampled ids (numpy `array_equal` on slices, like `_Chain.extended_by`); the
 naive version compares Python lists (`prompt[:n] == tip`) and finds rewrite points with a loop.
 The naive version gets its lists for free (conversion not timed), which flatters it.
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import itertools
 
-from tito_agents.assembly import merged_samples
+from tito_agents.assembly import AssemblyOptions, EpisodeContext, assemble_merged
 from tito_agents.calls import Call, CallStatus, Endpoint
 
 TURNS = 50
@@ -85,7 +85,8 @@ def decode(ids: Sequence[int]) -> str:
     return "".join(map(TEXTS.__getitem__, ids))
 
 
-OPTIONS: dict[str, Any] = {"decode": decode, "special_ids": SPECIAL_IDS, "eos_ids": [EOS]}
+OPTIONS = AssemblyOptions.of(decode=decode, special_ids=SPECIAL_IDS, eos_ids=[EOS])
+EPISODE = EpisodeContext("bench", episode_reward=1.0)
 
 
 def _call(turn: int, prompt: np.ndarray, sampled: np.ndarray) -> Call:
@@ -203,11 +204,9 @@ def run(runs: int) -> bool:
         ]
 
         def fast(calls: list[Call] = calls) -> object:
-            return merged_samples(calls, episode_id="bench", episode_reward=1.0, **OPTIONS)
+            return assemble_merged(calls, EPISODE, OPTIONS)
 
-        samples, divergences = merged_samples(
-            calls, episode_id="bench", episode_reward=1.0, **OPTIONS
-        )
+        samples, divergences = assemble_merged(calls, EPISODE, OPTIONS)
         naive = naive_merged(lists)
         assert len(samples) == len(naive) == (4 if variant == "diverging" else 1)
         assert variant == "diverging" or samples[0].num_tokens == TOTAL_TOKENS

@@ -29,7 +29,7 @@ import tito_agents_openai_agents as tito_oa
 from agents import Agent, AgentsException, ModelSettings, RunConfig, Runner, function_tool
 
 import tito_agents as tito
-from tito_agents.assembly import merged_samples
+from tito_agents.assembly import EpisodeContext, assemble_merged
 
 INVOICES = {"INV-1042": "paid on May 2", "INV-2077": "overdue by 12 days", "INV-3001": "refunded"}
 WEATHER = {"Paris": "18C and sunny", "Oslo": "3C and snowing", "Lima": "25C and clear"}
@@ -155,13 +155,8 @@ async def main() -> int:
     divergences: Counter[str] = Counter()
     with tito.sinks.JsonlSink(args.out) as sink:
         for ep, _, _ in results:
-            merged, breaks = merged_samples(
-                ep.calls,
-                episode_id=ep.episode_id,
-                episode_reward=ep.reward,
-                task_id=ep.task_id,
-                group_id=ep.group_id,
-            )
+            context = EpisodeContext(ep.episode_id, ep.reward, ep.task_id, ep.group_id)
+            merged, breaks = assemble_merged(ep.calls, context)
             sink.write(merged)
             samples.extend(merged)
             divergences.update(b.kind.value for b in breaks)

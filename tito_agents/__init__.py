@@ -9,12 +9,19 @@ call to its episode and agent, and write trainer-ready samples.
         ep.set_reward(1.0)
 """
 
-from __future__ import annotations
+import sys as _sys
+from types import ModuleType as _ModuleType
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from tito_agents.assembly import AssemblyMode, assemble
 from tito_agents.calls import Call, CallStatus
 from tito_agents.collector import Collector
-from tito_agents.config import ErrorPolicy, OutsideEpisode, SessionHistory, SinkErrors
+from tito_agents.config import (
+    ErrorPolicy,
+    OutsideEpisodePolicy,
+    SessionHistoryPolicy,
+    SinkErrorPolicy,
+)
 from tito_agents.episodes import Episode, agent, bind, current_episode, labels
 from tito_agents.errors import (
     CaptureError,
@@ -28,6 +35,11 @@ from tito_agents.samples import Sample
 from tito_agents.sinks import Sink, open_sink, read_samples
 
 __version__ = "0.1.0"
+
+_SUBPACKAGES = ("assembly", "errors", "sinks")
+"""The homes of what moved out of the top level (below), which stay attributes of the package
+once imported (`tito.sinks.JsonlSink`). Every other module is reached by its name
+(`from tito_agents.calls import CallStatus`), never as an attribute of the package."""
 
 # What users of the library reach for. The rest has one home each: sinks in `tito_agents.sinks`,
 # assembly tools in `tito_agents.assembly`, every error in `tito_agents.errors`, hooks for
@@ -43,12 +55,12 @@ __all__ = [
     "EpisodeCaptureError",
     "ErrorPolicy",
     "MissingTokenIdsError",
-    "OutsideEpisode",
+    "OutsideEpisodePolicy",
     "Sample",
-    "SessionHistory",
+    "SessionHistoryPolicy",
     "Sink",
     "SinkError",
-    "SinkErrors",
+    "SinkErrorPolicy",
     "TitoError",
     "__version__",
     "agent",
@@ -59,3 +71,33 @@ __all__ = [
     "open_sink",
     "read_samples",
 ]
+
+
+# Like httpx, the namespace is the API: importing the modules above made each an attribute of
+# the package (Python sets one per submodule it loads); every one that is not a listed
+# subpackage is taken out again. `tito_agents.<module>` still resolves (`__getattr__`) for code
+# that imported it by name (`import tito_agents.calls`), without being listed by `dir`.
+def _hide_imported_modules() -> None:
+    package = _sys.modules[__name__]
+    for name, value in list(vars(package).items()):
+        if isinstance(value, _ModuleType) and name[0] != "_" and name not in _SUBPACKAGES:
+            delattr(package, name)
+
+
+_hide_imported_modules()
+del _hide_imported_modules
+
+
+def __dir__() -> list[str]:
+    return sorted(
+        name for name in globals() if name in __all__ or name in _SUBPACKAGES or name[:2] == "__"
+    )
+
+
+if not _TYPE_CHECKING:  # type checkers resolve `tito_agents.<module>` from the files themselves
+
+    def __getattr__(name: str) -> _ModuleType:
+        module = _sys.modules.get(f"{__name__}.{name}")
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return module

@@ -7,6 +7,7 @@ A `Call` is the unit the capture layer records and the assembler consumes. Token
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,14 +23,51 @@ EMPTY_IDS: IdArray = np.zeros(0, dtype=np.int32)
 
 
 class CallStatus(enum.Enum):
-    """Whether a call can become a sample."""
+    """Whether a call can become a sample. Every report counts calls by this status alone
+    (`count_calls`); a call still in flight has none yet and is counted apart."""
 
     COMPLETE = "complete"
     """The response finished and its ids are exact: it becomes a sample."""
     INCOMPLETE = "incomplete"
-    """The stream was abandoned, cancelled or cut: never a sample."""
+    """The response started but never finished: its stream was cut (connection lost, no `[DONE]`
+    or final event), failed mid-stream, or was abandoned by its caller (closed early, its task
+    cancelled, the gateway's client gone). Never a sample."""
     UNUSABLE = "unusable"
     """The response lacks exact ids (missing, mismatched, malformed): never a sample."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallCounts:
+    """Recorded calls by status: the one definition of "complete", "incomplete" and "unusable"
+    that `EpisodeReport`, `CaptureStats` and the gateway's episode report share.
+
+    Only recorded calls count, each once (a re-delivered response is a duplicate, not a call).
+    A call still in flight (its request sent, its response not finished) is in none of these:
+    the episode report counts those an episode ended with as `in_flight` (never samples of it;
+    one that finishes later is a `late_call`, whatever its status). A request answered with an
+    error status is no call at all (`CaptureStats.failed_attempts`).
+    """
+
+    complete: int = 0
+    incomplete: int = 0
+    unusable: int = 0
+
+    @property
+    def calls(self) -> int:
+        return self.complete + self.incomplete + self.unusable
+
+
+def count_calls(calls: Iterable[Call]) -> CallCounts:
+    """How many of `calls` are complete, incomplete and unusable (`CallCounts`)."""
+    complete = incomplete = unusable = 0
+    for call in calls:
+        if call.status is CallStatus.COMPLETE:
+            complete += 1
+        elif call.status is CallStatus.INCOMPLETE:
+            incomplete += 1
+        else:
+            unusable += 1
+    return CallCounts(complete, incomplete, unusable)
 
 
 class Endpoint(enum.Enum):
@@ -57,7 +95,7 @@ class SessionNote(enum.StrEnum):
     """As TOKEN_IN, after bridging a turn that ended without its end-of-turn token (context)."""
     TOKEN_IN_SAMPLED = "token_in_sampled"
     """As TOKEN_IN where the template would re-render the history differently (it drops past
-    reasoning, ...): the model's sampled tokens were kept (`SessionHistory.SAMPLED`, opt-in)."""
+    reasoning, ...): the model's sampled tokens were kept (`SessionHistoryPolicy.SAMPLED`, opt-in)."""
     RESAMPLE = "resample"
     """The same messages as an earlier turn: its token prompt again (a sibling branch)."""
     FALLBACK = "fallback"

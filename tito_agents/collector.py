@@ -13,21 +13,21 @@ from urllib.parse import urlsplit
 
 from tito_agents import _transport
 from tito_agents._capture import CaptureCore
-from tito_agents.assembly import AssemblyMode
 from tito_agents.config import (
+    AssemblyMode,
     CaptureSettings,
     CaptureStats,
     ErrorPolicy,
-    OutsideEpisode,
-    SessionHistory,
-    SinkErrors,
+    OutsideEpisodePolicy,
+    SessionHistoryPolicy,
+    SinkErrorPolicy,
 )
 from tito_agents.episodes import Episode
 from tito_agents.errors import ConfigurationError
 from tito_agents.export import Exporter
 from tito_agents.sinks import BufferedSink, MemorySink, Sink
 
-__all__ = ["CaptureStats", "Collector", "ErrorPolicy", "OutsideEpisode", "SinkErrors"]
+__all__ = ["CaptureSettings", "CaptureStats", "Collector"]
 
 logger = logging.getLogger("tito_agents")
 
@@ -42,22 +42,21 @@ class Collector:
 
     Configuration and wiring only: the stages are `CaptureCore` (per wrapped client, reading
     `settings`), `Episode` (attribution), `Exporter` (assembly and the sink), each reporting to the
-    next. Everything set here can be read back as an attribute; `policy_version`,
-    `capture_logprobs`, `rescore_constrained`, `keep_messages`, `assembly`, `turn_discount` and
-    `tokenizer` may be changed later and apply from the next request or episode.
+    next. Everything set here is read back, and may be changed later, on `settings` (one
+    `CaptureSettings`): a change applies from the next request or episode.
 
     sink: a `Sink`, or a path / URL for `open_sink` (`samples.jsonl`, `out/samples.parquet`,
         `redis://host/0?stream=samples`, `ray://queue`, ...); None keeps samples in memory
         (`collector.sink.samples`). A path or URL is always opened behind a `BufferedSink`
-        (bounded buffer, retry, spill to ``$TITO_SPILL_DIR`` or ``~/.cache/tito-agents/spill``),
+        (bounded buffer, retry, spill under ``$TITO_CACHE_DIR/spill``, made only if it spills),
         so a slow or failing disk or server never stalls or breaks the agent. A `Sink` object is
         used as given (written where episodes end); samples of calls outside any episode are
         assembled and written by an export thread, never inside the agent's call.
-    sink_errors: what a sink failure does (`SinkErrors`; "log" by default, "raise" is strict).
+    sink_errors: what a sink failure does (`SinkErrorPolicy`; "log" by default, "raise" is strict).
     capture_logprobs: also ask vLLM for the logprob of each sampled token (unless the caller set
         `logprobs` itself); off by default, since it costs the server and the wire.
     errors: what a capture problem does (`ErrorPolicy`; "episode" by default).
-    outside_episode: what a call outside any episode does (`OutsideEpisode`; "default").
+    outside_episode: what a call outside any episode does (`OutsideEpisodePolicy`; "default").
     keep_messages: keep each request's chat messages on its `Call` (in memory; persisted only with
         `record_messages=True`).
     policy_version: a label of the weights that sample now (async RL); set it again on each update.
@@ -67,7 +66,7 @@ class Collector:
     session_history: what token-in sessions do where the chat template would re-render the
         history differently (templates that drop past reasoning): "template" (default) falls back
         to server rendering with the reason and the fix; "sampled" keeps the model's own sampled
-        tokens in context and renders only the new messages (`SessionHistory`).
+        tokens in context and renders only the new messages (`SessionHistoryPolicy`).
     rescore_constrained: recover the policy's own logprobs of calls sampled under a constraint
         (forced tool choice, structured output): vLLM returns the logprobs of the grammar-masked
         distribution there. At each episode's end, those calls' ids are re-scored by the same
@@ -93,12 +92,12 @@ class Collector:
         *,
         capture_logprobs: bool = False,
         errors: ErrorPolicy | str = ErrorPolicy.EPISODE,
-        sink_errors: SinkErrors | str = SinkErrors.LOG,
-        outside_episode: OutsideEpisode | str = OutsideEpisode.DEFAULT,
+        sink_errors: SinkErrorPolicy | str = SinkErrorPolicy.LOG,
+        outside_episode: OutsideEpisodePolicy | str = OutsideEpisodePolicy.DEFAULT,
         keep_messages: bool = True,
         policy_version: str | None = None,
         end_of_turn_id: int | None = None,
-        session_history: SessionHistory | str = SessionHistory.TEMPLATE,
+        session_history: SessionHistoryPolicy | str = SessionHistoryPolicy.TEMPLATE,
         rescore_constrained: bool = False,
         assembly: AssemblyMode | str = AssemblyMode.PER_CALL,
         turn_discount: float = 1.0,
@@ -121,112 +120,27 @@ class Collector:
         self.settings = CaptureSettings(
             capture_logprobs=capture_logprobs,
             error_policy=ErrorPolicy(errors),
-            outside_episode=OutsideEpisode(outside_episode),
+            outside_episode=OutsideEpisodePolicy(outside_episode),
             keep_messages=keep_messages,
             policy_version=policy_version,
             end_of_turn_id=end_of_turn_id,
-            session_history=SessionHistory(session_history),
+            session_history=SessionHistoryPolicy(session_history),
             rescore_constrained=rescore_constrained,
-        )
-        """What capture reads on every request (shared by every wrapped client)."""
-        self.stats = CaptureStats(delivery=sink.stats if isinstance(sink, BufferedSink) else None)
-        self._exporter = Exporter(
-            sink,
-            stats=self.stats,
-            error_policy=self.settings.error_policy,
-            sink_errors=SinkErrors(sink_errors),
+            sink_errors=SinkErrorPolicy(sink_errors),
             assembly=mode,
             turn_discount=turn_discount,
             tokenizer=tokenizer,
             record_messages=record_messages,
         )
+        """Everything set here, in one object: read by every wrapped client on each request and
+        by the exporter at each episode's end, so a change applies from the next one
+        (`collector.settings.policy_version = "v8"` after a weight update)."""
+        self.stats = CaptureStats(delivery=sink.stats if isinstance(sink, BufferedSink) else None)
+        self._exporter = Exporter(sink, stats=self.stats, settings=self.settings)
         self.default_episode = Episode(self._exporter, self.settings, DEFAULT_EPISODE_ID)
         """Where calls outside any episode go (`outside_episode="default"`); keeps no history."""
         self._exporter.default_episode = self.default_episode
         self._closed = False
-
-    # ---- settings, readable and (where it makes sense) changeable ----
-
-    @property
-    def policy_version(self) -> str | None:
-        """The label of the weights that sample now (async RL); set it on each weight update."""
-        return self.settings.policy_version
-
-    @policy_version.setter
-    def policy_version(self, value: str | None) -> None:
-        self.settings.policy_version = value
-
-    @property
-    def capture_logprobs(self) -> bool:
-        return self.settings.capture_logprobs
-
-    @capture_logprobs.setter
-    def capture_logprobs(self, value: bool) -> None:
-        self.settings.capture_logprobs = value
-
-    @property
-    def rescore_constrained(self) -> bool:
-        return self.settings.rescore_constrained
-
-    @rescore_constrained.setter
-    def rescore_constrained(self, value: bool) -> None:
-        self.settings.rescore_constrained = value
-
-    @property
-    def session_history(self) -> SessionHistory:
-        return self.settings.session_history
-
-    @property
-    def record_messages(self) -> bool:
-        return self._exporter.record_messages
-
-    @record_messages.setter
-    def record_messages(self, value: bool) -> None:
-        self._exporter.record_messages = value
-
-    @property
-    def keep_messages(self) -> bool:
-        return self.settings.keep_messages
-
-    @keep_messages.setter
-    def keep_messages(self, value: bool) -> None:
-        self.settings.keep_messages = value
-
-    @property
-    def error_policy(self) -> ErrorPolicy:
-        return self.settings.error_policy
-
-    @property
-    def outside_episode(self) -> OutsideEpisode:
-        return self.settings.outside_episode
-
-    @property
-    def sink_errors(self) -> SinkErrors:
-        return self._exporter.sink_errors
-
-    @property
-    def assembly(self) -> AssemblyMode:
-        return self._exporter.assembly
-
-    @assembly.setter
-    def assembly(self, value: AssemblyMode | str) -> None:
-        self._exporter.assembly = AssemblyMode(value)
-
-    @property
-    def turn_discount(self) -> float:
-        return self._exporter.turn_discount
-
-    @turn_discount.setter
-    def turn_discount(self, value: float) -> None:
-        self._exporter.turn_discount = value
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._exporter.tokenizer
-
-    @tokenizer.setter
-    def tokenizer(self, value: Any) -> None:
-        self._exporter.tokenizer = value
 
     # ---- set-up ----
 

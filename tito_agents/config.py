@@ -1,6 +1,8 @@
-"""What a `Collector` is configured with and what it counts: the settings capture reads on every
-request, the policies a user chooses, and the counters. Plain data, imported by every stage and
-importing none of them, so the pipeline's stages depend on it and never on the collector."""
+"""What a `Collector` is configured with and what it counts: its settings (`CaptureSettings`, read
+by capture on every request and by export at each episode's end), the choices a user makes (one
+`...Policy` enum per failure or history policy, and `AssemblyMode`), and the counters. Plain data,
+imported by every stage and importing none of them (only the delivery counters of
+`tito_agents.stats`), so the pipeline's stages depend on it and never on the collector."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tito_agents.sinks.buffered import ExportStats
+from tito_agents.stats import ExportStats
 
 
 class ErrorPolicy(enum.Enum):
@@ -23,7 +25,7 @@ class ErrorPolicy(enum.Enum):
     """Lenient: the call is recorded as unusable and counted; nothing raises."""
 
 
-class OutsideEpisode(enum.Enum):
+class OutsideEpisodePolicy(enum.Enum):
     """What happens to a captured call made outside any episode."""
 
     DEFAULT = "default"
@@ -35,7 +37,7 @@ class OutsideEpisode(enum.Enum):
     """The request is sent untouched and nothing is captured."""
 
 
-class SessionHistory(enum.Enum):
+class SessionHistoryPolicy(enum.Enum):
     """What a token-in session does where the model's chat template would re-render the history
     differently from what the model saw (templates that drop past reasoning: stock Qwen3,
     DeepSeek-R1, GLM)."""
@@ -51,7 +53,7 @@ class SessionHistory(enum.Enum):
     and the policy trained on them, see longer contexts than serving with that template gives."""
 
 
-class SinkErrors(enum.Enum):
+class SinkErrorPolicy(enum.Enum):
     """What a sink failure does when samples are handed over."""
 
     LOG = "log"
@@ -62,29 +64,96 @@ class SinkErrors(enum.Enum):
     Calls outside any episode still never raise: their samples are written off the request path."""
 
 
+class AssemblyMode(enum.Enum):
+    """Which samples an episode's calls become (`tito_agents.assembly`)."""
+
+    PER_CALL = "per_call"
+    """One sample per complete call: exact, but the growing prompt is repeated every turn."""
+    MERGED = "merged"
+    """An agent's calls as few long samples, split only where a prompt rewrites history."""
+    BOTH = "both"
+    """Per-call samples, then merged ones, to the same sink (their ids never collide)."""
+
+    @classmethod
+    def parse(cls, value: AssemblyMode | str) -> AssemblyMode:
+        """The member for an `AssemblyMode` or its plain string; `ValueError` names the choices."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(
+                f"mode must be 'per_call', 'merged' or 'both', got {value!r}"
+            ) from None
+
+    @property
+    def per_call(self) -> bool:
+        """Whether this mode makes per-call samples."""
+        return self is not AssemblyMode.MERGED
+
+    @property
+    def merged(self) -> bool:
+        """Whether this mode makes merged samples."""
+        return self is not AssemblyMode.PER_CALL
+
+
+_CHOICES: dict[str, Any] = {
+    "error_policy": ErrorPolicy,
+    "outside_episode": OutsideEpisodePolicy,
+    "session_history": SessionHistoryPolicy,
+    "sink_errors": SinkErrorPolicy,
+    "assembly": AssemblyMode.parse,
+}
+"""The settings that hold one of a fixed set of choices, and how a plain string becomes one."""
+
+
 @dataclass(slots=True, eq=False, weakref_slot=True)
 class CaptureSettings:
-    """What the capture core reads on every request. One object per collector, shared by every
-    client it wraps, so a change (e.g. `policy_version` after a weight update) applies at once.
-    Compared and hashed by identity: adapters may key their own per-collector state on it."""
+    """Everything a collector is configured with, in one place: `collector.settings`.
+
+    One object per collector, shared by every client it wraps (capture reads it on every request)
+    and by its exporter (which reads it at each episode's end), so a change applies from the next
+    request or episode: e.g. `collector.settings.policy_version = "v8"` after a weight update.
+    A choice (`errors`, `assembly`, ...) may be set to its enum member or its string; it is
+    stored as the member (an unknown string raises `ValueError`). Compared and hashed by
+    identity: adapters may key their own per-collector state on it.
+    """
 
     capture_logprobs: bool = False
+    """Ask vLLM for the logprob of each sampled token (unless the caller set `logprobs`)."""
     error_policy: ErrorPolicy = ErrorPolicy.EPISODE
-    outside_episode: OutsideEpisode = OutsideEpisode.DEFAULT
+    """What a capture problem does (`Collector(errors=...)`)."""
+    outside_episode: OutsideEpisodePolicy = OutsideEpisodePolicy.DEFAULT
+    """What a call outside any episode does; each episode reads it when it is opened."""
     keep_messages: bool = True
+    """Keep each request's chat messages on its `Call` (in memory)."""
     policy_version: str | None = None
+    """The label of the weights that sample now (async RL); set it on each weight update."""
     end_of_turn_id: int | None = None
+    """The end-of-turn token of token-in sessions (None: derived from the chat template)."""
     rescore_constrained: bool = False
     """Re-score constrained calls (and Responses calls returned without logprobs) at the episode's
     end for the policy's own logprobs."""
-    session_history: SessionHistory = SessionHistory.TEMPLATE
-    """Token-in sessions where the template re-renders history differently (`SessionHistory`)."""
+    session_history: SessionHistoryPolicy = SessionHistoryPolicy.TEMPLATE
+    """Token-in sessions where the template re-renders history differently."""
+    sink_errors: SinkErrorPolicy = SinkErrorPolicy.LOG
+    """What a sink failure does."""
+    assembly: AssemblyMode = AssemblyMode.PER_CALL
+    """Which samples an episode's calls become."""
+    turn_discount: float = 1.0
+    """Discount of per-call rewards inside a merged sample (checked when one is made)."""
+    tokenizer: Any = None
+    """The served model's tokenizer, if given: only names divergences and shows excerpts."""
+    record_messages: bool = False
+    """Write each chat call's request messages and tools into its samples' metadata."""
     learned_end_of_turn: dict[tuple[str, ...], Any] = field(default_factory=dict)
     """What each (server, model, request template)'s template ends a turn with
     (`sessions.EndOfTurn`), derived by token-in sessions and shared with later episodes."""
     verified_tails: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     """Tail shapes whose prefix preservation token-in sessions have checked (all episodes),
     with what was found (`sessions.TailCheck`, `sessions.Session.verified`)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        parse = _CHOICES.get(name)
+        object.__setattr__(self, name, value if parse is None else parse(value))
 
 
 @dataclass(slots=True)
@@ -97,10 +166,21 @@ class CaptureStats:
     """Attempts that got no 2xx response (the SDK may have retried them): never calls."""
     skipped_requests: int = 0
     """Requests to vLLM hosts not captured (non-JSON body, or the caller set return_token_ids=false)."""
+    uncaptured_requests: int = 0
+    """Requests to vLLM hosts sent as the caller wrote them because capture could not read a
+    field it needs (a value vLLM refuses, e.g. `n: "two"`) or failed preparing them: the server
+    gives its own answer. Each cause is logged once."""
     complete_calls: int = 0
+    """Calls recorded while their episode was open with status COMPLETE. The three status
+    counters use `calls.count_calls`, the one definition every report shares."""
     unusable_calls: int = 0
+    """... with status UNUSABLE (no exact ids)."""
     incomplete_calls: int = 0
+    """... with status INCOMPLETE: the response started but never finished (cut, failed
+    mid-stream, abandoned). A call in flight when its episode ends is in none of the three
+    (`late_calls` if it finishes later)."""
     duplicate_calls: int = 0
+    """Re-delivered responses (call ids already recorded): dropped, never counted as calls."""
     late_calls: int = 0
     """Calls that completed after their episode had ended: never samples."""
     episodes: int = 0
@@ -125,7 +205,8 @@ class CaptureStats:
     """Calls re-scoring could not recover (`Call.rescore_error` says why)."""
     delivery: ExportStats | None = None
     """What the buffer in front of the sink did after accepting samples (retries, spills,
-    refusals; `tito_agents.sinks.ExportStats`); None when the sink has no buffer."""
+    refusals; `tito_agents.stats.ExportStats`, also named `tito_agents.sinks.ExportStats`); None
+    when the sink has no buffer."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
-from tito_agents.calls import Call, CallStatus
+from tito_agents.calls import Call, CallStatus, count_calls
 from tito_agents.config import CaptureSettings
-from tito_agents.errors import CaptureError
-from tito_agents.samples import finite_or_none
+from tito_agents.errors import CaptureError, EpisodeNotEndedError
+from tito_agents.samples import Sample, finite_or_none
 from tito_agents.sessions import Session
 
 if TYPE_CHECKING:
@@ -168,9 +168,14 @@ class EpisodeReport:
 
     episode_id: str
     calls: int = 0
+    """Calls recorded in the episode: `complete + incomplete + unusable` (`calls.CallCounts`)."""
     complete: int = 0
     incomplete: int = 0
+    """Calls whose response started but never finished (cut, failed mid-stream, abandoned)."""
     unusable: int = 0
+    in_flight: int = 0
+    """Calls still in flight when the episode ended (no response yet): not among `calls`, never
+    samples of this episode (`CaptureStats.late_calls` if they finish later)."""
     samples: int = 0
     tokens: int = 0
     trained_tokens: int = 0
@@ -202,6 +207,9 @@ class Episode:
     could not be captured exactly, the exit raises `EpisodeCaptureError` after writing the good ones
     (policy `ErrorPolicy.EPISODE`, the default). If the body raised, no samples are written: a
     rollout that crashed has no trustworthy reward; its calls stay readable on `calls`.
+
+    After the exit, `samples` holds the samples the episode produced, in process, whatever the
+    sink (see `samples`).
     """
 
     def __init__(
@@ -231,11 +239,15 @@ class Episode:
         self.reward: float | None = None
         self.started_at = time.time()
         """When the episode was opened (wall clock, like `Call.started_at`)."""
+        self.empty_advice: str | None = None
+        """What to tell the user if the episode ends with no captured call, where the usual
+        advice (wrap the client) does not apply: the gateway says how to address its episodes."""
         self.calls: list[Call] = []
         self.errors: list[CaptureError] = []
         self.divergences: list[Divergence] = []
         """Where merged samples split, and why (filled when the episode ends in merged mode)."""
         self.report = EpisodeReport(self.episode_id)
+        self._samples: list[Sample] | None = None
         self.closed = False
         self._lock = threading.Lock()
         self._seq = itertools.count()
@@ -325,6 +337,37 @@ class Episode:
             self._call_ids.clear()
         return calls
 
+    # ---- what the episode produced ----
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The samples this episode produced, once it has ended: what went to the sink, in the
+        order written (per-call, then merged, with `assembly="both"`; `Sample.view` tells them
+        apart). Kept in process whatever the sink (a file, Redis, ...), so a trainer's rollout
+        function can hand them on directly. Also set when the sink refused them (counted in
+        `collector.stats.lost_samples`).
+
+        After `EpisodeCaptureError` (some calls not captured exactly): the good calls' samples.
+        After a body that raised: empty (a crashed rollout has no samples). Before the end, or
+        when assembling failed (the exit raised that error): `EpisodeNotEndedError`.
+        """
+        samples = self._samples
+        if samples is None:
+            if not self.closed:
+                raise EpisodeNotEndedError(
+                    f"episode {self.episode_id!r} has not ended: its samples are assembled when "
+                    "the `with` block exits (or `end()` is called); read `samples` after that"
+                )
+            raise EpisodeNotEndedError(
+                f"episode {self.episode_id!r} ended without samples: assembling them failed "
+                "(its exit raised the error)"
+            )
+        return samples
+
+    def _ended_with(self, samples: list[Sample]) -> None:
+        """Called by the processor once the ended episode's samples are assembled."""
+        self._samples = samples
+
     @property
     def settings(self) -> CaptureSettings:
         """The capture settings of the collector that opened this episode (read them; adapters
@@ -382,11 +425,10 @@ class Episode:
             self.closed = True
             calls = list(self.calls)
             report = self.report
-            report.calls = len(calls)
-            statuses = [c.status for c in calls]
-            report.complete = statuses.count(CallStatus.COMPLETE)
-            report.unusable = statuses.count(CallStatus.UNUSABLE)
-            report.incomplete = statuses.count(CallStatus.INCOMPLETE) + self._inflight
+            counts = count_calls(calls)
+            report.calls = counts.calls
+            report.complete, report.incomplete = counts.complete, counts.incomplete
+            report.unusable, report.in_flight = counts.unusable, self._inflight
             report.errors = [str(e) for e in self.errors]
         return calls
 

@@ -75,3 +75,8 @@ class SinkError(TitoError):
 
 class SampleFormatError(TitoError):
     """A samples file holds something that is not a valid sample (not a torn last line)."""
+
+
+class EpisodeNotEndedError(TitoError, RuntimeError):
+    """An episode's samples were asked for before it ended (they are assembled at its end), or
+    after an end whose assembly failed (the exit raised that failure)."""

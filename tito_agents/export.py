@@ -20,17 +20,16 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from tito_agents import rescore
-from tito_agents.assembly import AssemblyMode, AssemblyOptions, EpisodeContext, assemble_episode
+from tito_agents.assembly import AssemblyOptions, Divergence, EpisodeContext, assemble
 from tito_agents.assembly.call_messages import attach_call_messages
-from tito_agents.calls import Call, CallStatus
-from tito_agents.config import CaptureStats, ErrorPolicy, SinkErrors
-from tito_agents.episodes import Episode
-from tito_agents.errors import EpisodeCaptureError, SinkError
+from tito_agents.calls import Call, CallStatus, count_calls
+from tito_agents.config import CaptureSettings, CaptureStats, ErrorPolicy, SinkErrorPolicy
+from tito_agents.errors import CaptureError, EpisodeCaptureError, SinkError
 from tito_agents.samples import Sample
-from tito_agents.sinks import Sink, _lifecycle
+from tito_agents.sinks import Sink, lifecycle
 
 logger = logging.getLogger("tito_agents")
 
@@ -53,38 +52,63 @@ MAX_QUEUED_CALLS = 65536
 (`CaptureStats.lost_samples`) rather than block the agent's call."""
 
 
+class EpisodeCounts(Protocol):
+    """The counters of an episode's report the exporter adds to (`episodes.EpisodeReport`)."""
+
+    samples: int
+    tokens: int
+    trained_tokens: int
+    divergences: dict[str, int]
+
+
+class EpisodeView(Protocol):
+    """What the exporter reads of an episode and hands back to it: an `episodes.Episode` as the
+    export stage sees it. Export knows episodes through this shape only (the stage before it
+    reports through `episodes.EpisodeProcessor`), so it never imports the episodes module."""
+
+    episode_id: str
+    task_id: str | None
+    group_id: str | None
+    metadata: dict[str, Any]
+    reward: float | None
+    started_at: float
+    empty_advice: str | None
+    closed: bool
+    errors: list[CaptureError]
+    divergences: list[Divergence]
+
+    @property
+    def report(self) -> EpisodeCounts: ...
+
+    def _take_calls(self) -> list[Call]:
+        """Hand over and forget the calls recorded so far (the default episode)."""
+        ...
+
+    def _close_calls(self) -> list[Call]:
+        """Freeze the episode and return its calls."""
+        ...
+
+    def _ended_with(self, samples: list[Sample]) -> None:
+        """Keep the samples the ended episode produced."""
+        ...
+
+
 class Exporter:
     """Assembles ended episodes and hands their samples to `sink` (see the module docstring).
 
-    assembly / turn_discount / tokenizer: how samples are made (`tito_agents.assembly`); read at
-    each episode's end, so changing them applies to the next one.
+    settings: the collector's settings; how samples are made (`assembly`, `turn_discount`,
+    `tokenizer`, `record_messages`) and what failures raise (`error_policy`, `sink_errors`) are
+    read from it at each episode's end, so a change applies to the next one.
     """
 
     def __repr__(self) -> str:
         return f"Exporter({self.sink!r})"
 
-    def __init__(
-        self,
-        sink: Sink,
-        *,
-        stats: CaptureStats,
-        error_policy: ErrorPolicy,
-        sink_errors: SinkErrors,
-        assembly: AssemblyMode,
-        turn_discount: float,
-        tokenizer: Any,
-        record_messages: bool = False,
-    ) -> None:
+    def __init__(self, sink: Sink, *, stats: CaptureStats, settings: CaptureSettings) -> None:
         self.sink = sink
         self.stats = stats
-        self.error_policy = error_policy
-        self.sink_errors = sink_errors
-        self.assembly = assembly
-        self.turn_discount = turn_discount
-        self.tokenizer = tokenizer
-        self.record_messages = record_messages
-        """Write each call's chat messages and tools into its samples' metadata (opt-in)."""
-        self.default_episode: Episode | None = None
+        self.settings = settings
+        self.default_episode: EpisodeView | None = None
         """The collector's episode for calls outside any episode (set once it exists)."""
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -103,11 +127,11 @@ class Exporter:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closing = False
-        _lifecycle.drain_before_close(self)  # queued calls reach the sink before its last close
+        lifecycle.drain_before_close(self)  # queued calls reach the sink before its last close
 
     # ---- the EpisodeProcessor protocol ----
 
-    def on_calls(self, episode: Episode, calls: list[Call], added: int) -> None:
+    def on_calls(self, episode: EpisodeView, calls: list[Call], added: int) -> None:
         """Count recorded calls; calls outside any episode are queued for the export thread."""
         with self._lock:
             stats = self.stats
@@ -115,15 +139,16 @@ class Exporter:
                 stats.late_calls += len(calls)
                 return
             stats.duplicate_calls += len(calls) - added
-            for call in calls:
-                if call.status is CallStatus.COMPLETE:
-                    stats.complete_calls += 1
-                    if call.constrained is not None:
-                        stats.constrained_calls += 1
-                elif call.status is CallStatus.UNUSABLE:
-                    stats.unusable_calls += 1
-                else:
-                    stats.incomplete_calls += 1
+            if added:  # a re-delivered response (every call id already seen) is no new call
+                counts = count_calls(calls)
+                stats.complete_calls += counts.complete
+                stats.incomplete_calls += counts.incomplete
+                stats.unusable_calls += counts.unusable
+                stats.constrained_calls += sum(
+                    1
+                    for c in calls
+                    if c.status is CallStatus.COMPLETE and c.constrained is not None
+                )
             if episode is not self.default_episode or not added:
                 return
             taken = episode._take_calls()
@@ -147,12 +172,13 @@ class Exporter:
                 MAX_QUEUED_CALLS,
             )
 
-    def on_end(self, episode: Episode, *, failed: bool) -> None:
+    def on_end(self, episode: EpisodeView, *, failed: bool) -> None:
         """Assemble and hand over the episode's samples, then raise what the policies say."""
         calls = self._close(episode, failed)
         if rescore.wanted(calls):
             self._count_rescored(_guarded(rescore.rescore, calls))
         samples = self._finish(episode, calls)
+        episode._ended_with(samples)
         sink_error: SinkError | None = None
         if samples:
             try:
@@ -161,7 +187,7 @@ class Exporter:
                 sink_error = self._sink_failed(samples, exc)
         self._raise_errors(episode, failed, sink_error)
 
-    async def aon_end(self, episode: Episode, *, failed: bool) -> None:
+    async def aon_end(self, episode: EpisodeView, *, failed: bool) -> None:
         calls = self._close(episode, failed)
         if rescore.wanted(calls):
             try:
@@ -171,6 +197,7 @@ class Exporter:
                 done = 0
             self._count_rescored((done, calls))
         samples = self._finish(episode, calls)
+        episode._ended_with(samples)
         sink_error: SinkError | None = None
         if samples:
             try:
@@ -181,10 +208,13 @@ class Exporter:
 
     # ---- assembly ----
 
-    def assemble(self, episode: Episode, calls: list[Call]) -> list[Sample]:
+    def assemble(self, episode: EpisodeView, calls: list[Call]) -> list[Sample]:
         """The samples of `calls` of `episode`, in the assembly mode. Divergences found while
         merging are kept on `episode.divergences` and counted in `episode.report`."""
-        options = AssemblyOptions.from_tokenizer(self.tokenizer, self.assembly, self.turn_discount)
+        settings = self.settings
+        options = AssemblyOptions.from_tokenizer(
+            settings.tokenizer, settings.assembly, settings.turn_discount
+        )
         context = EpisodeContext(
             episode_id=episode.episode_id,
             episode_reward=episode.reward,
@@ -192,8 +222,8 @@ class Exporter:
             group_id=episode.group_id,
             metadata=dict(episode.metadata) if episode.metadata else None,
         )
-        samples, divergences = assemble_episode(calls, context, options)
-        if self.record_messages:
+        samples, divergences = assemble(calls, context, options)
+        if settings.record_messages:
             attach_call_messages(samples, calls)
         episode.divergences.extend(divergences)
         for divergence in divergences:
@@ -201,7 +231,7 @@ class Exporter:
             episode.report.divergences[kind] = episode.report.divergences.get(kind, 0) + 1
         return samples
 
-    def _close(self, episode: Episode, failed: bool) -> list[Call]:
+    def _close(self, episode: EpisodeView, failed: bool) -> list[Call]:
         """The calls of an ended episode (none when it failed: a failed episode has no samples)."""
         calls = episode._close_calls()
         with self._lock:
@@ -214,13 +244,21 @@ class Exporter:
             self._report_empty(episode)
         return calls
 
-    def _report_empty(self, episode: Episode) -> None:
+    def _report_empty(self, episode: EpisodeView) -> None:
         """An episode that ends with no captured call is never silent: it is counted and logged
         with what capture saw while it was open (calls outside any episode, by agent, or none)."""
         with self._lock:
             self.stats.empty_episodes += 1
             outside = Counter(a for t, a in self._recent_outside if t >= episode.started_at)
-        if outside:
+        if episode.empty_advice is not None:
+            logger.warning(
+                "episode %r ended with no captured call (%d calls to vLLM were captured outside "
+                "any episode while it was open). Fix: %s",
+                episode.episode_id,
+                outside.total(),
+                episode.empty_advice,
+            )
+        elif outside:
             agents = ", ".join(f"{agent!r}: {n}" for agent, n in sorted(outside.items(), key=str))
             logger.warning(
                 "episode %r ended with no captured call, while %d calls to vLLM were captured "
@@ -241,7 +279,7 @@ class Exporter:
                 episode.episode_id,
             )
 
-    def _finish(self, episode: Episode, calls: list[Call]) -> list[Sample]:
+    def _finish(self, episode: EpisodeView, calls: list[Call]) -> list[Sample]:
         if not calls:
             return []
         samples = self.assemble(episode, calls)
@@ -263,7 +301,7 @@ class Exporter:
                 reason,
             )
 
-    def _count_samples(self, episode: Episode, samples: list[Sample]) -> None:
+    def _count_samples(self, episode: EpisodeView, samples: list[Sample]) -> None:
         tokens = trained = 0
         for sample in samples:
             tokens += sample.num_tokens
@@ -277,12 +315,14 @@ class Exporter:
             self.stats.tokens += tokens
             self.stats.trained_tokens += trained
 
-    def _raise_errors(self, episode: Episode, failed: bool, sink_error: SinkError | None) -> None:
+    def _raise_errors(
+        self, episode: EpisodeView, failed: bool, sink_error: SinkError | None
+    ) -> None:
         if failed:
             return
-        if episode.errors and self.error_policy is ErrorPolicy.EPISODE:
+        if episode.errors and self.settings.error_policy is ErrorPolicy.EPISODE:
             raise EpisodeCaptureError(episode.episode_id, list(episode.errors))
-        if sink_error is not None and self.sink_errors is SinkErrors.RAISE:
+        if sink_error is not None and self.settings.sink_errors is SinkErrorPolicy.RAISE:
             raise sink_error
 
     def _sink_failed(self, samples: list[Sample], exc: Exception) -> SinkError:
@@ -340,7 +380,7 @@ class Exporter:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _export_outside(self, episode: Episode, calls: list[Call]) -> None:
+    def _export_outside(self, episode: EpisodeView, calls: list[Call]) -> None:
         if rescore.wanted(calls):
             self._count_rescored(_guarded(rescore.rescore, calls))
         try:

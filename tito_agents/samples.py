@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +27,14 @@ from tito_agents.errors import SampleFormatError
 MaskArray = npt.NDArray[np.uint8]
 
 SCHEMA_VERSION = 1
+
+SampleView = Literal["per_call", "merged"]
+"""Which assembly view a sample belongs to: "per_call" (one call: its prompt, then what it
+sampled) or "merged" (an agent's calls merged into one sequence). With `assembly="both"` every
+call is in one sample of each view: train on one view, never both."""
+VIEWS: tuple[SampleView, ...] = ("per_call", "merged")
+
+_MAX_ID = 2**31 - 1
 
 
 @dataclass(slots=True)
@@ -111,6 +119,10 @@ class Sample:
     spans whose `logprob_source` is "rescored", equal to `logprobs` on the others. Present only
     when some span was re-scored and every trained token has a policy logprob; use it for
     importance ratios when present, else `logprobs` (see `constrained_mask`)."""
+    view: SampleView = "per_call"
+    """The assembly view this sample belongs to ("per_call" or "merged"; see `SampleView`).
+    Files written before the field existed are read with the view their `start_reason` implies
+    (a per-call sample starts with reason "call")."""
 
     def constrained_mask(self) -> MaskArray:
         """1 on trained tokens sampled under a constraint, 0 elsewhere."""
@@ -155,6 +167,7 @@ class Sample:
             "end_reason": self.end_reason,
             "metadata": self.metadata,
             "policy_logprobs": self.policy_logprobs,
+            "view": self.view,
         }
 
     @classmethod
@@ -163,7 +176,7 @@ class Sample:
         if not isinstance(data, dict):
             raise SampleFormatError("a sample must be a JSON object")
         try:
-            token_ids = np.asarray(data["token_ids"], dtype=np.int32)
+            token_ids = id_array(data["token_ids"], "token_ids")
             loss_mask = np.asarray(data["loss_mask"], dtype=np.uint8)
             raw_lp = data.get("logprobs")
             logprobs = None if raw_lp is None else np.asarray(raw_lp, dtype=np.float32)
@@ -186,6 +199,7 @@ class Sample:
                 end_reason=str(data.get("end_reason", "call")),
                 metadata=dict(data.get("metadata") or {}),
                 policy_logprobs=policy_lp,
+                view=view_of(data.get("view"), data.get("start_reason", "call")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SampleFormatError(f"not a valid sample: {exc!r}") from exc
@@ -211,11 +225,56 @@ class Sample:
             )
         if self.reward is not None and not isinstance(self.reward, int | float):
             raise SampleFormatError(f"sample {self.sample_id}: reward is not a number")
+        if self.view not in VIEWS:
+            raise SampleFormatError(
+                f"sample {self.sample_id}: view is {self.view!r}, not one of {list(VIEWS)}"
+            )
         for span in self.spans:
             if not 0 <= span.context_start <= span.start <= span.end <= n:
                 raise SampleFormatError(
                     f"sample {self.sample_id}: span {span.call_id} out of range"
                 )
+
+
+def view_of(view: Any, start_reason: Any) -> SampleView:
+    """A stored sample's view: the `view` field when present, else what its `start_reason`
+    implies (files written before the field existed; per-call samples start with "call")."""
+    if view is None:
+        return "per_call" if start_reason in (None, "call") else "merged"
+    if view not in VIEWS:
+        raise SampleFormatError(f"view is {view!r}, not one of {list(VIEWS)}")
+    return cast(SampleView, view)
+
+
+def id_array(value: Any, what: str) -> npt.NDArray[np.int32]:
+    """A stored id list as int32, refusing what capture refuses: booleans (`true` is not id 1),
+    floats, strings and ids outside [0, 2**31), which `np.asarray(value, dtype=np.int32)` would
+    turn into 1, 1 (from 1.5), 2 (from "2")... `SampleFormatError` names the field.
+
+    Costs what that one numpy call cost: numpy infers the type (a float or a string makes the
+    array non-integer), and only the few positions holding 0 or 1 are checked for booleans in
+    Python (numpy reads `true` as 1 in a list of ints)."""
+    if isinstance(value, np.ndarray) and value.dtype == np.int32:
+        return value  # already typed (the binary codecs)
+    if not isinstance(value, list | np.ndarray):
+        raise SampleFormatError(f"{what} is {type(value).__name__}, expected a list of ints")
+    if len(value) == 0:
+        return np.zeros(0, dtype=np.int32)
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, OverflowError):
+        raise SampleFormatError(f"{what} holds values that are not integers") from None
+    if array.dtype.kind == "b":
+        raise SampleFormatError(f"{what} holds booleans (true/false), not token ids")
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise SampleFormatError(f"{what} holds values that are not integers")
+    if int(array.min()) < 0 or int(array.max()) > _MAX_ID:
+        raise SampleFormatError(f"{what} holds ids outside [0, 2**31)")
+    if isinstance(value, list) and any(
+        type(value[i]) is bool for i in np.flatnonzero(array <= 1).tolist()
+    ):
+        raise SampleFormatError(f"{what} holds booleans (true/false), not token ids")
+    return array.astype(np.int32)
 
 
 def sample_id_for(episode_id: str, call_ids: list[str], salt: str = "") -> str:

@@ -18,7 +18,7 @@ def test_record_messages_writes_each_calls_request_into_its_samples() -> None:
     messages = [{"role": "user", "content": "hello"}]
     for record in (False, True):
         collector = tito.Collector(record_messages=record)
-        assert collector.record_messages is record
+        assert collector.settings.record_messages is record
         client = collector.wrap(
             openai.OpenAI(
                 base_url="http://vllm.test/v1",

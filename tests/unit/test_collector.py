@@ -119,14 +119,38 @@ async def test_http_client_async_is_captured() -> None:
 
 
 def test_settings_are_read_back_as_given() -> None:
+    """Every constructor argument is read back, as its enum member where it is a choice, on the
+    one settings object (the collector forwards none of them)."""
+    tokenizer = object()
     collector = tito.Collector(
-        errors="count", outside_episode="ignore", sink_errors="raise", turn_discount=0.5
+        errors="count",
+        outside_episode="ignore",
+        sink_errors="raise",
+        session_history="sampled",
+        turn_discount=0.5,
+        policy_version="v3",
+        end_of_turn_id=7,
+        rescore_constrained=True,
+        record_messages=True,
+        keep_messages=False,
+        capture_logprobs=True,
+        tokenizer=tokenizer,
     )
-    assert collector.error_policy is tito.ErrorPolicy.COUNT
-    assert collector.outside_episode is tito.OutsideEpisode.IGNORE
-    assert collector.sink_errors is tito.SinkErrors.RAISE
-    assert collector.turn_discount == 0.5
-    assert collector.assembly is tito.AssemblyMode.PER_CALL
+    settings = collector.settings
+    assert settings.error_policy is tito.ErrorPolicy.COUNT
+    assert settings.outside_episode is tito.OutsideEpisodePolicy.IGNORE
+    assert settings.sink_errors is tito.SinkErrorPolicy.RAISE
+    assert settings.session_history is tito.SessionHistoryPolicy.SAMPLED
+    assert settings.turn_discount == 0.5
+    assert settings.assembly is tito.AssemblyMode.PER_CALL
+    assert (settings.policy_version, settings.end_of_turn_id) == ("v3", 7)
+    assert settings.rescore_constrained and settings.record_messages and settings.capture_logprobs
+    assert settings.keep_messages is False and settings.tokenizer is tokenizer
+    public = {name for name in dir(collector) if not name.startswith("_")}
+    assert public == {
+        "aclose", "close", "default_episode", "episode", "flush", "http_client", "settings",
+        "sink", "stats", "wrap",
+    }  # fmt: skip
 
 
 def test_setting_changes_apply_from_the_next_request_on_every_client() -> None:
@@ -141,9 +165,9 @@ def test_setting_changes_apply_from_the_next_request_on_every_client() -> None:
     collector.wrap(second)
     with collector.episode() as ep:
         first.chat.completions.create(model="tiny", messages=MSG)
-        collector.policy_version = "v2"
-        collector.capture_logprobs = True
-        collector.keep_messages = False
+        collector.settings.policy_version = "v2"
+        collector.settings.capture_logprobs = True
+        collector.settings.keep_messages = False
         second.chat.completions.create(model="tiny", messages=MSG)
     before, after = ep.calls
     assert (before.policy_version, after.policy_version) == ("v1", "v2")
@@ -155,7 +179,7 @@ def test_setting_changes_apply_from_the_next_request_on_every_client() -> None:
 
 
 def test_assembly_mode_is_checked_and_can_change_between_episodes() -> None:
-    """An unknown mode is refused at construction; the setter takes the mode or its string and
+    """An unknown mode is refused at construction; the setting takes the mode or its string and
     applies from the next episode ("both": a per-call and a merged sample for one call)."""
     with pytest.raises(tito.ConfigurationError, match="per_call, merged or both"):
         tito.Collector(assembly="merge")
@@ -165,8 +189,11 @@ def test_assembly_mode_is_checked_and_can_change_between_episodes() -> None:
     collector.wrap(client)
     with collector.episode("one"):
         run_sync(client, cap)
-    collector.assembly = "both"
-    assert collector.assembly is tito.AssemblyMode.BOTH
+    collector.settings.assembly = "both"  # type: ignore[assignment]  # a string is accepted
+    assert collector.settings.assembly is tito.AssemblyMode.BOTH
+    with pytest.raises(ValueError, match="'per_call', 'merged' or 'both'"):
+        collector.settings.assembly = "tree"  # type: ignore[assignment]
+    assert collector.settings.assembly is tito.AssemblyMode.BOTH
     with collector.episode("two"):
         run_sync(client, cap)
     samples = collector.sink.samples  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ import pytest
 
 import tito_agents as tito
 from tito_agents import Call, Sample
-from tito_agents.assembly import merged_samples
+from tito_agents.assembly import EpisodeContext, assemble_merged
 from tito_agents.convert import pack_batch, pad_batch, to_trl_rollout, to_verl_batch
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
@@ -70,12 +70,9 @@ def rollouts() -> Iterator[list[Rollout]]:
                     )
                     episode.set_reward(reward)
                 calls = list(episode.calls)
-                merged, divergences = merged_samples(
+                merged, divergences = assemble_merged(
                     calls,
-                    episode_id=episode.episode_id,
-                    episode_reward=reward,
-                    task_id="weather",
-                    group_id="weather-g",
+                    EpisodeContext(episode.episode_id, reward, "weather", "weather-g"),
                 )
                 assert len(merged) == 1 and not divergences
                 assert isinstance(collector.sink, tito.sinks.MemorySink)

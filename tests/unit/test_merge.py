@@ -7,6 +7,25 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from tests.support.toy_chatml import (
+    END_THINK,
+    EOS_IDS,
+    HEADER,
+    IM_END,
+    IM_START,
+    NL,
+    SPECIAL_IDS,
+    SYSTEM,
+    THINK,
+    TOOL,
+    USER,
+    decode,
+    letter,
+    marker,
+    message,
+    pair,
+    toy_call,
+)
 from tito_agents import Collector, ConfigurationError
 from tito_agents.assembly import (
     AssemblyMode,
@@ -14,11 +33,10 @@ from tito_agents.assembly import (
     Divergence,
     EpisodeContext,
     assemble,
-    assemble_episode,
+    assemble_merged,
+    assemble_per_call,
     assembly_report,
     merged_reward,
-    merged_samples,
-    per_call_samples,
 )
 from tito_agents.assembly.divergence import (
     DivergenceKind,
@@ -26,120 +44,27 @@ from tito_agents.assembly.divergence import (
     common_prefix_len,
     normalize_template_text,
 )
-from tito_agents.calls import Call, CallStatus, Endpoint
+from tito_agents.calls import Call, CallStatus
 from tito_agents.samples import Sample
-
-# ---- a toy ChatML vocabulary: specials, role words, letters, letter pairs, unique markers ----
-
-ENDOFTEXT, IM_START, IM_END, THINK, END_THINK, NL = 0, 1, 2, 3, 4, 5
-SYSTEM, USER, ASSISTANT, TOOL = 6, 7, 8, 9
-LETTER0, PAIR0, MARKER0, NUM_MARKERS = 10, 36, 1000, 4000
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-VOCAB: list[str] = [""] * (MARKER0 + NUM_MARKERS)
-for _i, _text in enumerate(
-    ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "\n"]
-    + ["system", "user", "assistant", "tool"]
-):
-    VOCAB[_i] = _text
-for _a, _ca in enumerate(LETTERS):
-    VOCAB[LETTER0 + _a] = _ca
-    for _b, _cb in enumerate(LETTERS):
-        VOCAB[PAIR0 + 26 * _a + _b] = _ca + _cb
-for _k in range(NUM_MARKERS):
-    VOCAB[MARKER0 + _k] = f"#{_k};"
-
-SPECIAL_IDS = frozenset({ENDOFTEXT, IM_START, IM_END, THINK, END_THINK})
-EOS_IDS = frozenset({IM_END})
-HEADER = [IM_START, ASSISTANT, NL]
-
-
-def decode(ids: Sequence[int]) -> str:
-    return "".join(VOCAB[int(i)] for i in ids)
-
-
-def letter(c: str) -> int:
-    return LETTER0 + LETTERS.index(c)
-
-
-def pair(s: str) -> int:
-    return PAIR0 + 26 * LETTERS.index(s[0]) + LETTERS.index(s[1])
-
-
-def is_pair(token: int) -> bool:
-    return PAIR0 <= token < MARKER0
-
-
-def split_pair(token: int) -> list[int]:
-    k = token - PAIR0
-    return [LETTER0 + k // 26, LETTER0 + k % 26]
-
-
-def marker(k: int) -> int:
-    return MARKER0 + k
-
-
-def message(role: int, *content: int) -> list[int]:
-    return [IM_START, role, NL, *content, IM_END, NL]
-
-
-def make_call(
-    call_id: str,
-    prompt: Sequence[int] | np.ndarray,
-    sampled: Sequence[int],
-    *,
-    seq: int,
-    choice: int = 0,
-    agent: str | None = None,
-    finish: str = "stop",
-    started: float | None = None,
-    ended: float | None = None,
-    reward: float | None = None,
-    logprobs: bool = True,
-    policy_version: str | None = None,
-    status: CallStatus = CallStatus.COMPLETE,
-    labels: dict[str, str] | None = None,
-) -> Call:
-    """A call; `prompt` given as an array is used as is (n>1 choices share one prompt array)."""
-    prompt_ids = prompt if isinstance(prompt, np.ndarray) else np.array(prompt, dtype=np.int32)
-    sampled_ids = np.array(sampled, dtype=np.int32)
-    lps = -0.01 * (1.0 + np.arange(len(sampled), dtype=np.float32)) - seq if logprobs else None
-    return Call(
-        call_id=call_id,
-        request_id=call_id.split("/")[0],
-        endpoint=Endpoint.CHAT,
-        choice_index=choice,
-        status=status,
-        prompt_ids=prompt_ids,
-        sampled_ids=sampled_ids,
-        logprobs=None if lps is None else lps.astype(np.float32),
-        finish_reason=finish,
-        stop_reason=None,
-        model="toy",
-        http_status=200,
-        stream=False,
-        started_at=10.0 * seq if started is None else started,
-        ended_at=10.0 * seq + 5.0 if ended is None else ended,
-        agent=agent,
-        seq=seq,
-        reward=reward,
-        policy_version=policy_version,
-        labels=dict(labels or {}),
-    )
 
 
 def merge(
-    calls: Sequence[Call], *, text: bool = True, ids: bool = True, **kwargs: object
+    calls: Sequence[Call],
+    *,
+    text: bool = True,
+    ids: bool = True,
+    episode_reward: float | None = None,
+    metadata: dict[str, object] | None = None,
+    turn_discount: float = 1.0,
 ) -> tuple[list[Sample], list[Divergence]]:
-    return merged_samples(
-        calls,
-        episode_id="ep",
-        episode_reward=kwargs.pop("episode_reward", None),  # type: ignore[arg-type]
+    options = AssemblyOptions.of(
+        AssemblyMode.MERGED,
+        turn_discount=turn_discount,
         decode=decode if text else None,
         special_ids=SPECIAL_IDS if ids else None,
         eos_ids=EOS_IDS,
-        **kwargs,  # type: ignore[arg-type]
     )
+    return assemble_merged(calls, EpisodeContext("ep", episode_reward, metadata=metadata), options)
 
 
 SYS = message(SYSTEM, marker(0), letter("b"))
@@ -149,9 +74,9 @@ PROMPT0 = SYS + USER0 + HEADER
 
 def two_turns(rendered_answer: list[int], sampled: list[int], finish: str = "stop") -> list[Call]:
     """Turn 0 samples `sampled`; turn 1's prompt renders it as `rendered_answer`, then a tool turn."""
-    first = make_call("r0/0", PROMPT0, sampled, seq=0, finish=finish)
+    first = toy_call("r0/0", PROMPT0, sampled, seq=0, finish=finish)
     prompt1 = PROMPT0 + rendered_answer + message(TOOL, marker(2), letter("x")) + HEADER
-    second = make_call("r1/0", prompt1, [marker(3), pair("ok"), IM_END], seq=1)
+    second = toy_call("r1/0", prompt1, [marker(3), pair("ok"), IM_END], seq=1)
     return [first, second]
 
 
@@ -253,10 +178,10 @@ def test_dropped_reasoning_block_is_template_rerender() -> None:
 def test_changed_glue_is_template_rerender_with_text() -> None:
     """Whitespace glue re-rendered differently in an earlier turn: template with text, else history."""
     answer = [marker(5), pair("ok"), IM_END]
-    first = make_call("r0/0", PROMPT0, answer, seq=0)
+    first = toy_call("r0/0", PROMPT0, answer, seq=0)
     glued_user = [IM_START, USER, NL, NL, marker(1), pair("hi"), IM_END, NL]
     prompt1 = SYS + glued_user + HEADER + [*answer, NL] + message(TOOL, marker(2)) + HEADER
-    second = make_call("r1/0", prompt1, [marker(3), IM_END], seq=1)
+    second = toy_call("r1/0", prompt1, [marker(3), IM_END], seq=1)
     assert kinds(merge([first, second])[1]) == [DivergenceKind.TEMPLATE_RERENDER]
     assert kinds(merge([first, second], text=False)[1]) == [DivergenceKind.HISTORY_REWRITE]
 
@@ -264,16 +189,16 @@ def test_changed_glue_is_template_rerender_with_text() -> None:
 def test_removed_message_is_history_rewrite() -> None:
     """An earlier message dropped from the history -> HISTORY_REWRITE at its position."""
     a0 = [marker(5), pair("ok"), IM_END]
-    first = make_call("r0/0", PROMPT0, a0, seq=0)
+    first = toy_call("r0/0", PROMPT0, a0, seq=0)
     obs1 = message(TOOL, marker(2), letter("x"))
     prompt1 = PROMPT0 + [*a0, NL] + obs1 + HEADER
     a1 = [marker(6), IM_END]
-    second = make_call("r1/0", prompt1, a1, seq=1)
+    second = toy_call("r1/0", prompt1, a1, seq=1)
     # Memory trimming: the first user turn is removed.
     prompt2 = (
         SYS + HEADER + [*a0, NL] + obs1 + HEADER + [*a1, NL] + message(USER, marker(7)) + HEADER
     )
-    third = make_call("r2/0", prompt2, [marker(8), IM_END], seq=2)
+    third = toy_call("r2/0", prompt2, [marker(8), IM_END], seq=2)
     samples, divergences = merge([first, second, third])
     (d,) = divergences
     assert d.kind is DivergenceKind.HISTORY_REWRITE
@@ -312,10 +237,10 @@ def test_length_that_ended_on_eos_is_not_truncation() -> None:
 def test_resample_n2_choices_are_siblings_both_kept() -> None:
     """`n=2` choices share a prompt: two sibling samples; the agent continues the second."""
     shared = np.array(PROMPT0, dtype=np.int32)
-    c0 = make_call("r0/0", shared, [marker(5), IM_END], seq=0, choice=0)
-    c1 = make_call("r0/1", shared, [marker(6), IM_END], seq=0, choice=1)
+    c0 = toy_call("r0/0", shared, [marker(5), IM_END], seq=0, choice=0)
+    c1 = toy_call("r0/1", shared, [marker(6), IM_END], seq=0, choice=1)
     prompt1 = PROMPT0 + [marker(6), IM_END, NL] + message(TOOL, marker(2)) + HEADER
-    nxt = make_call("r1/0", prompt1, [marker(7), IM_END], seq=1)
+    nxt = toy_call("r1/0", prompt1, [marker(7), IM_END], seq=1)
     samples, divergences = merge([nxt, c1, c0])  # order of the input does not matter
     (d,) = divergences
     assert d.kind is DivergenceKind.RESAMPLE
@@ -332,8 +257,8 @@ def test_retry_with_equal_prompt_is_resample() -> None:
     """A retry (new request, equal prompt ids in a new array) of an earlier turn -> RESAMPLE."""
     answer = [marker(5), pair("ok"), IM_END]
     first, second = two_turns([*answer, NL], answer)
-    retry = make_call("r2/0", list(second.prompt_ids), [marker(9), IM_END], seq=2)
-    retry_first = make_call("r3/0", PROMPT0, [marker(10), IM_END], seq=3)
+    retry = toy_call("r2/0", list(second.prompt_ids), [marker(9), IM_END], seq=2)
+    retry_first = toy_call("r3/0", PROMPT0, [marker(10), IM_END], seq=3)
     samples, divergences = merge([first, second, retry, retry_first])
     assert [(d.call_id, d.prev_call_id, d.kind) for d in divergences] == [
         ("r2/0", "r1/0", DivergenceKind.RESAMPLE),
@@ -346,14 +271,14 @@ def test_retry_with_equal_prompt_is_resample() -> None:
 def test_parallel_sub_calls_branch() -> None:
     """Two calls in flight at once from the same history branch; each branch keeps growing."""
     a0 = [marker(5), IM_END]
-    first = make_call("r0/0", PROMPT0, a0, seq=0)
+    first = toy_call("r0/0", PROMPT0, a0, seq=0)
     base = PROMPT0 + [*a0, NL]
     px = base + message(USER, marker(6)) + HEADER
     py = base + message(USER, marker(7)) + HEADER
-    x = make_call("r1/0", px, [marker(8), IM_END], seq=1, started=10.0, ended=13.0)
-    y = make_call("r2/0", py, [marker(9), IM_END], seq=2, started=11.0, ended=14.0)
-    x2 = make_call("r3/0", px + [marker(8), IM_END, NL] + HEADER, [marker(10), IM_END], seq=3)
-    y2 = make_call("r4/0", py + [marker(9), IM_END, NL] + HEADER, [marker(11), IM_END], seq=4)
+    x = toy_call("r1/0", px, [marker(8), IM_END], seq=1, started=10.0, ended=13.0)
+    y = toy_call("r2/0", py, [marker(9), IM_END], seq=2, started=11.0, ended=14.0)
+    x2 = toy_call("r3/0", px + [marker(8), IM_END, NL] + HEADER, [marker(10), IM_END], seq=3)
+    y2 = toy_call("r4/0", py + [marker(9), IM_END, NL] + HEADER, [marker(11), IM_END], seq=4)
     samples, divergences = merge([first, x, y, x2, y2])
     (d,) = divergences
     assert (d.call_id, d.prev_call_id, d.kind) == ("r2/0", "r1/0", DivergenceKind.BRANCH)
@@ -376,12 +301,12 @@ def test_overlap_in_time_is_not_a_branch_when_the_prompt_saw_the_output() -> Non
 def test_backtrack_to_an_earlier_call_starts_a_new_sample() -> None:
     """A prompt extending an earlier call (not the latest tip) starts a sample from that history."""
     a0 = [marker(5), IM_END]
-    first = make_call("r0/0", PROMPT0, a0, seq=0)
+    first = toy_call("r0/0", PROMPT0, a0, seq=0)
     base = PROMPT0 + [*a0, NL]
     p1 = base + message(TOOL, marker(6)) + HEADER
-    second = make_call("r1/0", p1, [marker(7), IM_END], seq=1)
+    second = toy_call("r1/0", p1, [marker(7), IM_END], seq=1)
     p2 = base + message(TOOL, marker(8)) + HEADER  # the agent went back and tried another tool
-    third = make_call("r2/0", p2, [marker(9), IM_END], seq=2)
+    third = toy_call("r2/0", p2, [marker(9), IM_END], seq=2)
     samples, divergences = merge([first, second, third])
     (d,) = divergences
     assert d.kind is DivergenceKind.HISTORY_REWRITE and d.prev_call_id == "r1/0"
@@ -393,10 +318,10 @@ def test_backtrack_to_an_earlier_call_starts_a_new_sample() -> None:
 def test_longest_tip_wins_and_every_chain_stays_open() -> None:
     """A call may continue an older chain; when two tips fit, the longer (more specific) wins."""
     shared = np.array(PROMPT0, dtype=np.int32)
-    short = make_call("r0/0", shared, [marker(5)], seq=0, finish="length")
-    long = make_call("r0/1", shared, [marker(5), pair("ok"), IM_END], seq=0, choice=1)
-    nxt = make_call("r1/0", PROMPT0 + [marker(5), pair("ok"), IM_END, NL] + HEADER, [IM_END], seq=1)
-    again = make_call("r2/0", PROMPT0 + [marker(5), IM_END, NL] + HEADER, [IM_END], seq=2)
+    short = toy_call("r0/0", shared, [marker(5)], seq=0, finish="length")
+    long = toy_call("r0/1", shared, [marker(5), pair("ok"), IM_END], seq=0, choice=1)
+    nxt = toy_call("r1/0", PROMPT0 + [marker(5), pair("ok"), IM_END, NL] + HEADER, [IM_END], seq=1)
+    again = toy_call("r2/0", PROMPT0 + [marker(5), IM_END, NL] + HEADER, [IM_END], seq=2)
     samples, divergences = merge([short, long, nxt, again])
     assert kinds(divergences) == [DivergenceKind.RESAMPLE]
     # `nxt` fits both tips and takes the longer; `again` goes back to the short (truncated) one.
@@ -406,12 +331,12 @@ def test_longest_tip_wins_and_every_chain_stays_open() -> None:
 def test_sibling_tie_goes_to_the_continued_sibling() -> None:
     """n=2 siblings share the rewrite point; the one whose ids the prompt reuses is the parent."""
     shared = np.array(PROMPT0, dtype=np.int32)
-    thought = make_call(
+    thought = toy_call(
         "r0/0", shared, [THINK, pair("hm"), END_THINK, marker(5), pair("ok"), IM_END], seq=0
     )
-    other = make_call("r0/1", shared, [marker(6), pair("no"), IM_END], seq=0, choice=1)
+    other = toy_call("r0/1", shared, [marker(6), pair("no"), IM_END], seq=0, choice=1)
     prompt1 = PROMPT0 + [marker(5), pair("ok"), IM_END, NL] + message(USER, marker(7)) + HEADER
-    nxt = make_call("r1/0", prompt1, [marker(8), IM_END], seq=1)
+    nxt = toy_call("r1/0", prompt1, [marker(8), IM_END], seq=1)
     _, divergences = merge([thought, other, nxt])
     assert [(d.call_id, d.prev_call_id, d.kind) for d in divergences] == [
         ("r0/1", "r0/0", DivergenceKind.RESAMPLE),
@@ -424,11 +349,11 @@ def test_sibling_tie_goes_to_the_continued_sibling() -> None:
 
 def test_agents_are_separate_groups_and_none_is_one() -> None:
     """Calls of different agents never merge; the None agent is a group of its own."""
-    a = make_call("a/0", PROMPT0, [marker(5), IM_END], seq=0, agent="planner")
-    b = make_call("b/0", PROMPT0, [marker(6), IM_END], seq=1, agent=None)
+    a = toy_call("a/0", PROMPT0, [marker(5), IM_END], seq=0, agent="planner")
+    b = toy_call("b/0", PROMPT0, [marker(6), IM_END], seq=1, agent=None)
     a2_prompt = PROMPT0 + [marker(5), IM_END, NL] + HEADER
-    a2 = make_call("c/0", a2_prompt, [IM_END], seq=2, agent="planner")
-    b2 = make_call("d/0", PROMPT0 + [marker(6), IM_END, NL] + HEADER, [IM_END], seq=3)
+    a2 = toy_call("c/0", a2_prompt, [IM_END], seq=2, agent="planner")
+    b2 = toy_call("d/0", PROMPT0 + [marker(6), IM_END, NL] + HEADER, [IM_END], seq=3)
     samples, divergences = merge([b2, a2, b, a])
     assert divergences == []
     assert [(s.agent, s.call_ids) for s in samples] == [
@@ -442,9 +367,9 @@ def test_incomplete_unusable_and_duplicate_calls_are_skipped() -> None:
     """Only complete calls become samples, and a re-delivered call id is used once."""
     answer = [marker(5), IM_END]
     first, second = two_turns([*answer, NL], answer)
-    dup = make_call("r0/0", PROMPT0, answer, seq=0)
-    cut = make_call("r9/0", [1, 2, 3], [4], seq=5, status=CallStatus.INCOMPLETE)
-    bad = make_call("r8/0", PROMPT0, [7], seq=6, status=CallStatus.UNUSABLE)
+    dup = toy_call("r0/0", PROMPT0, answer, seq=0)
+    cut = toy_call("r9/0", [1, 2, 3], [4], seq=5, status=CallStatus.INCOMPLETE)
+    bad = toy_call("r8/0", PROMPT0, [7], seq=6, status=CallStatus.UNUSABLE)
     samples, divergences = merge([first, dup, second, cut, bad])
     assert divergences == []
     assert [s.call_ids for s in samples] == [["r0/0", "r1/0"]]
@@ -504,31 +429,36 @@ def test_assemble_both_modes_have_distinct_ids() -> None:
     """Mode "both" gives per-call then merged samples; merged ids never equal per-call ids."""
     answer = [marker(5), IM_END]
     calls = two_turns([*answer, NL], answer)
-    samples, divergences = assemble(calls, mode="both", episode_id="ep", episode_reward=1.0)
-    per_call = per_call_samples(calls, episode_id="ep", episode_reward=1.0)
+    episode = EpisodeContext("ep", 1.0)
+    samples, divergences = assemble(calls, episode, AssemblyOptions.of("both"))
+    per_call = assemble_per_call(calls, episode)
     assert [s.sample_id for s in samples[:2]] == [s.sample_id for s in per_call]
     assert len(samples) == 3 and divergences == []
     assert len({s.sample_id for s in samples}) == 3
-    merged_only, _ = assemble(calls, mode="merged", episode_id="ep", episode_reward=1.0)
+    merged_only, _ = assemble(calls, episode, AssemblyOptions.of("merged"))
     assert merged_only[0].sample_id == samples[2].sample_id  # deterministic
+    by_default, _ = assemble(calls, episode)  # per-call when given no options
+    assert [s.sample_id for s in by_default] == [s.sample_id for s in per_call]
     with pytest.raises(ValueError):
-        assemble(calls, mode="tree", episode_id="ep", episode_reward=None)  # type: ignore[arg-type]
+        AssemblyOptions.of("tree")
 
 
 def test_modes_are_an_enum_and_plain_strings_still_work() -> None:
-    """`AssemblyMode` members and their strings choose alike; the keyword and object forms agree;
-    a bad mode is a `ValueError` for `assemble` and a `ConfigurationError` for the collector."""
+    """`AssemblyMode` members and their strings choose alike (with or without tokenizer hooks);
+    a bad mode is a `ValueError` for assembly options and a `ConfigurationError` for the
+    collector."""
     answer = [marker(5), IM_END]
     calls = two_turns([*answer, NL], answer)
-    by_string = assemble(calls, mode="both", episode_id="ep", episode_reward=1.0)
-    by_member = assemble(calls, mode=AssemblyMode.BOTH, episode_id="ep", episode_reward=1.0)
+    episode = EpisodeContext("ep", 1.0)
+    by_string = assemble(calls, episode, AssemblyOptions.of("both"))
+    by_member = assemble(calls, episode, AssemblyOptions(AssemblyMode.BOTH))
     options = AssemblyOptions.of("both", special_ids=SPECIAL_IDS, decode=decode)
-    by_object = assemble_episode(calls, EpisodeContext("ep", 1.0), options)
-    ids = [[s.sample_id for s in samples] for samples, _ in (by_string, by_member, by_object)]
+    by_hooks = assemble(calls, episode, options)
+    ids = [[s.sample_id for s in samples] for samples, _ in (by_string, by_member, by_hooks)]
     assert ids[0] == ids[1] == ids[2] and len(ids[0]) == 3
     assert [m.value for m in AssemblyMode] == ["per_call", "merged", "both"]
-    assert Collector(assembly="merged").assembly is AssemblyMode.MERGED
-    assert Collector(assembly=AssemblyMode.BOTH).assembly is AssemblyMode.BOTH
+    assert Collector(assembly="merged").settings.assembly is AssemblyMode.MERGED
+    assert Collector(assembly=AssemblyMode.BOTH).settings.assembly is AssemblyMode.BOTH
     with pytest.raises(ConfigurationError, match="per_call, merged or both"):
         Collector(assembly="tree")
     with pytest.raises(ValueError, match="'per_call', 'merged' or 'both'"):
@@ -563,8 +493,8 @@ def test_decode_failure_falls_back_to_ids() -> None:
 
     sampled = [THINK, pair("hm"), END_THINK, marker(5), IM_END]
     calls = two_turns([marker(5), IM_END, NL], sampled)
-    samples, divergences = merged_samples(
-        calls, episode_id="e", episode_reward=None, decode=broken, special_ids=SPECIAL_IDS
+    samples, divergences = assemble_merged(
+        calls, EpisodeContext("e"), AssemblyOptions.of(decode=broken, special_ids=SPECIAL_IDS)
     )
     assert kinds(divergences) == [DivergenceKind.TEMPLATE_RERENDER]
     assert "old: [" in divergences[0].excerpt and len(samples) == 2

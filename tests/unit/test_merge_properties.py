@@ -18,7 +18,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_merge import (
+from tests.support.toy_chatml import (
     END_THINK,
     EOS_IDS,
     HEADER,
@@ -34,12 +34,12 @@ from tests.unit.test_merge import (
     USER,
     decode,
     is_pair,
-    make_call,
     marker,
     message,
     split_pair,
+    toy_call,
 )
-from tito_agents.assembly import Divergence, merged_samples
+from tito_agents.assembly import AssemblyOptions, Divergence, EpisodeContext, assemble_merged
 from tito_agents.assembly.divergence import DivergenceKind, common_prefix_len
 from tito_agents.calls import Call, CallStatus
 from tito_agents.samples import Sample
@@ -109,7 +109,7 @@ class AgentSim:
         ended: float,
     ) -> Call:
         self.ids[0] += 1
-        call = make_call(
+        call = toy_call(
             f"r{self.ids[0]}/{choice}",
             prompt,
             sampled,
@@ -226,7 +226,7 @@ class AgentSim:
             if self.draw(st.integers(0, 9)) == 0:  # noise: a call that never becomes a sample
                 junk = self.draw(st.lists(WORD, min_size=1, max_size=4))
                 self.ids[0] += 1
-                bad = make_call(
+                bad = toy_call(
                     f"x{self.ids[0]}/0",
                     junk,
                     junk,
@@ -363,11 +363,8 @@ def run_modes(episode: Episode) -> None:
         ("ids", {"special_ids": SPECIAL_IDS, "eos_ids": EOS_IDS}, IDS_ONLY),
         ("bare", {}, BARE),
     ):
-        samples, divergences = merged_samples(
-            episode.calls,
-            episode_id="ep",
-            episode_reward=1.0,
-            **options,
+        samples, divergences = assemble_merged(
+            episode.calls, EpisodeContext("ep", 1.0), AssemblyOptions.of(**options)
         )
         check_invariants(episode.calls, samples, divergences)
         check_kinds(episode, divergences, mapping, mode)
@@ -394,7 +391,8 @@ def test_call_order_in_the_input_does_not_matter(episode: Episode, rnd: random.R
     """Calls are ordered by (seq, choice_index): shuffling the input list changes nothing."""
     shuffled = list(episode.calls)
     rnd.shuffle(shuffled)
-    a, da = merged_samples(episode.calls, episode_id="e", episode_reward=None, decode=decode)
-    b, db = merged_samples(shuffled, episode_id="e", episode_reward=None, decode=decode)
+    context, options = EpisodeContext("e"), AssemblyOptions.of(decode=decode)
+    a, da = assemble_merged(episode.calls, context, options)
+    b, db = assemble_merged(shuffled, context, options)
     assert [s.sample_id for s in a] == [s.sample_id for s in b]
     assert [d.to_dict() for d in da] == [d.to_dict() for d in db]

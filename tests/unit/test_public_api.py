@@ -4,6 +4,10 @@ everything moved out of it has one documented home."""
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
+import sys
+from typing import Any
 
 import tito_agents as tito
 
@@ -18,12 +22,12 @@ TOP_LEVEL = {
     "EpisodeCaptureError",
     "ErrorPolicy",
     "MissingTokenIdsError",
-    "OutsideEpisode",
+    "OutsideEpisodePolicy",
     "Sample",
-    "SessionHistory",
+    "SessionHistoryPolicy",
     "Sink",
     "SinkError",
-    "SinkErrors",
+    "SinkErrorPolicy",
     "TitoError",
     "__version__",
     "agent",
@@ -38,14 +42,16 @@ TOP_LEVEL = {
 HOMES = {
     "tito_agents.sinks": {"JsonlSink", "MemorySink", "CallbackSink", "BufferedSink", "open_sink"},
     "tito_agents.assembly": {
-        "merged_samples",
+        "assemble",
+        "assemble_merged",
+        "assemble_per_call",
+        "sample_of_call",
         "assembly_report",
         "AssemblyReport",
         "Divergence",
         "DivergenceKind",
         "AssemblyOptions",
         "EpisodeContext",
-        "assemble_episode",
     },
     "tito_agents.errors": {
         "IncompleteCallError",
@@ -78,7 +84,67 @@ def test_every_moved_name_has_its_home() -> None:
             assert hasattr(module, name), f"{module_name}.{name}"
 
 
-def test_collector_internals_are_private() -> None:
-    """Callbacks the pipeline uses between its stages are not part of the user API."""
-    public = {n for n in dir(tito.Collector) if not n.startswith("_")}
-    assert not public & {"finish_episode", "afinish_episode", "on_calls_recorded", "next_seq"}
+def test_one_name_and_one_form_each() -> None:
+    """Each assembly function has one form (an `EpisodeContext` and `AssemblyOptions`, no keyword
+    twin), each choice enum is a `...Policy` (or `AssemblyMode`), and the collector's settings
+    are read on `collector.settings` only (no forwarding properties)."""
+    import tito_agents.assembly as assembly
+
+    twins = {"assemble_episode", "merged_samples", "per_call_samples", "per_call_sample"}
+    assert not twins & set(dir(assembly))
+    assert assembly.assemble is tito.assemble
+    old_names = {"OutsideEpisode", "SinkErrors", "SessionHistory"}
+    assert not old_names & set(dir(tito))
+    policies = {name for name in tito.__all__ if name.endswith("Policy")}
+    assert policies == {
+        "ErrorPolicy",
+        "OutsideEpisodePolicy",
+        "SessionHistoryPolicy",
+        "SinkErrorPolicy",
+    }
+    settings = {"policy_version", "assembly", "turn_discount", "tokenizer", "error_policy"}
+    assert not settings & set(dir(tito.Collector))
+
+
+PUBLIC_SUBPACKAGES = {"assembly", "errors", "sinks"}
+"""Homes of names moved out of the top level, which stay attributes of the package."""
+
+_NAMESPACE = """
+import json, tito_agents as tito
+print(json.dumps({"vars": sorted(vars(tito)), "dir": dir(tito),
+                  "annotations": hasattr(tito, "annotations")}))
+"""
+
+
+def _fresh_namespace() -> dict[str, Any]:
+    """The package's namespace right after `import tito_agents`, in a fresh interpreter (other
+    tests import submodules, which Python then sets as attributes of the package)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _NAMESPACE], check=True, capture_output=True, text=True
+    )
+    namespace: dict[str, Any] = json.loads(done.stdout)
+    return namespace
+
+
+def test_the_namespace_is_the_api() -> None:
+    """As in httpx: `__all__` (sorted) is every public name of the package, and every other
+    attribute is a dunder, an underscored internal or a listed subpackage. No `annotations`
+    (a `from __future__` import) and no module loaded on the way (`calls`, `config`, ...)."""
+    assert tito.__all__ == sorted(tito.__all__)
+    namespace = _fresh_namespace()
+    public = {name for name in namespace["vars"] if not name.startswith("_")}
+    assert public == (set(tito.__all__) - {"__version__"}) | PUBLIC_SUBPACKAGES
+    listed = {name for name in namespace["dir"] if not name.startswith("__")}
+    assert listed == (set(tito.__all__) - {"__version__"}) | PUBLIC_SUBPACKAGES
+    assert namespace["annotations"] is False
+
+
+def test_modules_stay_reachable_by_name() -> None:
+    """A module taken out of the namespace is still `tito_agents.<module>` for code that imports
+    it by name (`import tito_agents.calls`), as before."""
+    import tito_agents.calls
+    import tito_agents.config
+
+    assert tito_agents.calls.Call is tito.Call
+    assert tito_agents.config.ErrorPolicy is tito.ErrorPolicy
+    assert not hasattr(tito, "no_such_module")

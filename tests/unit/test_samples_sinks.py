@@ -9,12 +9,12 @@ import pytest
 
 import tito_agents as tito
 from tests import factories
-from tito_agents.assembly import per_call_samples
+from tito_agents.assembly import EpisodeContext, assemble_per_call
 from tito_agents.calls import Call, CallStatus
 from tito_agents.sinks.jsonl import encode_sample
 
 
-def make_call(i: int, prompt: list[int], sampled: list[int], *, lp: bool = True) -> Call:
+def numbered_call(i: int, prompt: list[int], sampled: list[int], *, lp: bool = True) -> Call:
     return factories.make_call(
         f"resp{i}/0", prompt, sampled, logprob=-0.5 if lp else None, seq=i, ended_at=1.0
     )
@@ -22,8 +22,8 @@ def make_call(i: int, prompt: list[int], sampled: list[int], *, lp: bool = True)
 
 def test_per_call_sample_layout() -> None:
     """token_ids = prompt + sampled; loss 1 exactly on sampled ids; logprobs 0.0 elsewhere."""
-    call = make_call(0, [1, 2, 3], [7, 8, 2])
-    (sample,) = per_call_samples([call], episode_id="e", episode_reward=1.0)
+    call = numbered_call(0, [1, 2, 3], [7, 8, 2])
+    (sample,) = assemble_per_call([call], EpisodeContext("e", 1.0))
     assert sample.token_ids.tolist() == [1, 2, 3, 7, 8, 2]
     assert sample.loss_mask.tolist() == [0, 0, 0, 1, 1, 1]
     assert sample.logprobs is not None
@@ -35,34 +35,34 @@ def test_per_call_sample_layout() -> None:
 
 def test_call_reward_overrides_episode_reward() -> None:
     """A per-call reward is the sample's reward; otherwise the episode reward is."""
-    a, b = make_call(0, [1], [2]), make_call(1, [1], [3])
+    a, b = numbered_call(0, [1], [2]), numbered_call(1, [1], [3])
     a.reward = 0.25
-    samples = per_call_samples([b, a], episode_id="e", episode_reward=1.0)
+    samples = assemble_per_call([b, a], EpisodeContext("e", 1.0))
     assert [s.reward for s in samples] == [0.25, 1.0]  # request order, not argument order
 
 
 def test_only_complete_calls_become_samples() -> None:
     """Incomplete and unusable calls are never samples."""
-    calls = [make_call(i, [1], [2]) for i in range(3)]
+    calls = [numbered_call(i, [1], [2]) for i in range(3)]
     calls[1].status = CallStatus.INCOMPLETE
     calls[2].status = CallStatus.UNUSABLE
-    assert len(per_call_samples(calls, episode_id="e", episode_reward=None)) == 1
+    assert len(assemble_per_call(calls, EpisodeContext("e", None))) == 1
 
 
 def test_sample_ids_are_deterministic_and_unique() -> None:
     """The same call in the same episode gives the same id; other calls or episodes differ."""
-    call = make_call(0, [1], [2])
-    (s1,) = per_call_samples([call], episode_id="e", episode_reward=None)
-    (s2,) = per_call_samples([call], episode_id="e", episode_reward=None)
-    (s3,) = per_call_samples([call], episode_id="f", episode_reward=None)
+    call = numbered_call(0, [1], [2])
+    (s1,) = assemble_per_call([call], EpisodeContext("e", None))
+    (s2,) = assemble_per_call([call], EpisodeContext("e", None))
+    (s3,) = assemble_per_call([call], EpisodeContext("f", None))
     assert s1.sample_id == s2.sample_id != s3.sample_id
 
 
 def test_jsonl_roundtrip(tmp_path: Path) -> None:
     """What the sink writes, read_samples returns field for field."""
     path = tmp_path / "sub" / "s.jsonl"
-    calls = [make_call(i, [1, 2], [3, 4], lp=i % 2 == 0) for i in range(4)]
-    samples = per_call_samples(calls, episode_id="e", episode_reward=0.5, task_id="t", group_id="g")
+    calls = [numbered_call(i, [1, 2], [3, 4], lp=i % 2 == 0) for i in range(4)]
+    samples = assemble_per_call(calls, EpisodeContext("e", 0.5, task_id="t", group_id="g"))
     with tito.sinks.JsonlSink(path) as sink:
         sink.write(samples[:2])
         sink.write(samples[2:])
@@ -83,8 +83,8 @@ def test_jsonl_roundtrip(tmp_path: Path) -> None:
 def test_reader_tolerates_a_torn_last_line(tmp_path: Path) -> None:
     """A crash mid-write tears at most the last line; every complete sample is still read."""
     path = tmp_path / "s.jsonl"
-    samples = per_call_samples(
-        [make_call(i, [1], [2]) for i in range(3)], episode_id="e", episode_reward=None
+    samples = assemble_per_call(
+        [numbered_call(i, [1], [2]) for i in range(3)], EpisodeContext("e", None)
     )
     data = b"".join(encode_sample(s) for s in samples)
     path.write_bytes(data[:-10])
@@ -94,7 +94,7 @@ def test_reader_tolerates_a_torn_last_line(tmp_path: Path) -> None:
 def test_reader_refuses_corruption_in_the_middle(tmp_path: Path) -> None:
     """A broken line that is not the last one is an error naming file and line."""
     path = tmp_path / "s.jsonl"
-    (sample,) = per_call_samples([make_call(0, [1], [2])], episode_id="e", episode_reward=None)
+    (sample,) = assemble_per_call([numbered_call(0, [1], [2])], EpisodeContext("e", None))
     path.write_bytes(encode_sample(sample) + b"{not json\n" + encode_sample(sample))
     with pytest.raises(tito.errors.SampleFormatError, match=r"s\.jsonl:2"):
         list(tito.read_samples(path))
@@ -115,7 +115,7 @@ def test_callback_sink_receives_batches() -> None:
     """CallbackSink hands each batch to the user's function."""
     got: list[int] = []
     sink = tito.sinks.CallbackSink(lambda batch: got.append(len(batch)))
-    samples = per_call_samples([make_call(0, [1], [2])], episode_id="e", episode_reward=None)
+    samples = assemble_per_call([numbered_call(0, [1], [2])], EpisodeContext("e", None))
     sink.write(samples)
     assert got == [1]
 
@@ -124,7 +124,7 @@ async def test_sinks_have_async_twins(tmp_path: Path) -> None:
     """awrite/aflush/aclose work on the default sink."""
     path = tmp_path / "s.jsonl"
     sink = tito.sinks.JsonlSink(path)
-    samples = per_call_samples([make_call(0, [1], [2])], episode_id="e", episode_reward=None)
+    samples = assemble_per_call([numbered_call(0, [1], [2])], EpisodeContext("e", None))
     await sink.awrite(samples)
     await sink.aflush()
     await sink.aclose()

@@ -1,8 +1,8 @@
 """Merged assembly: an agent's calls as few long samples, split only where a prompt rewrites history.
 
-Pure functions, no I/O. `assemble_merged` (keyword form: `merged_samples`) turns an episode's calls
-into samples and the divergences that split them; `tito_agents.assembly.report` summarises both and
-`tito_agents.assembly.assemble` picks per-call, merged or both.
+Pure functions, no I/O. `assemble_merged` turns an episode's calls into samples and the divergences
+that split them; `tito_agents.assembly.report` summarises both and `tito_agents.assembly.assemble`
+picks per-call, merged or both.
 
 Grouping and order
     Only complete calls (`CallStatus.COMPLETE`) are used, grouped by `agent` (None is a group of its
@@ -62,7 +62,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -70,7 +69,6 @@ from tito_agents.assembly.divergence import (
     END,
     EPISODE_START,
     TEXT_WINDOW_TOKENS,
-    Decode,
     Divergence,
     DivergenceKind,
     classify_rewrite,
@@ -78,7 +76,7 @@ from tito_agents.assembly.divergence import (
     excerpt,
 )
 from tito_agents.assembly.logprob_kinds import policy_logprobs, span_flags
-from tito_agents.assembly.options import AssemblyMode, AssemblyOptions, EpisodeContext
+from tito_agents.assembly.options import DEFAULT_OPTIONS, AssemblyOptions, EpisodeContext
 from tito_agents.calls import Call, CallStatus, IdArray
 from tito_agents.samples import CallSpan, Sample, finite_or_none, sample_id_for
 
@@ -163,42 +161,15 @@ class _Break:
     excerpt: str
 
 
-def merged_samples(
-    calls: Iterable[Call],
-    *,
-    episode_id: str,
-    episode_reward: float | None,
-    task_id: str | None = None,
-    group_id: str | None = None,
-    metadata: dict[str, Any] | None = None,
-    turn_discount: float = 1.0,
-    decode: Decode | None = None,
-    special_ids: Iterable[int] | None = None,
-    eos_ids: Iterable[int] | None = None,
-) -> tuple[list[Sample], list[Divergence]]:
-    """Merged samples of an episode's complete calls, and the divergences that split them.
-
-    Keyword form of `assemble_merged`. `decode` (a tokenizer's decode), `special_ids` and `eos_ids`
-    only sharpen the divergence kinds and excerpts; the samples' ids never depend on them.
-    """
-    options = AssemblyOptions.of(
-        AssemblyMode.MERGED,
-        turn_discount=turn_discount,
-        decode=decode,
-        special_ids=special_ids,
-        eos_ids=eos_ids,
-    )
-    episode = EpisodeContext(episode_id, episode_reward, task_id, group_id, metadata)
-    return assemble_merged(calls, episode, options)
-
-
 def assemble_merged(
-    calls: Iterable[Call], episode: EpisodeContext, options: AssemblyOptions
+    calls: Iterable[Call], episode: EpisodeContext, options: AssemblyOptions = DEFAULT_OPTIONS
 ) -> tuple[list[Sample], list[Divergence]]:
     """Merged samples of an episode's complete calls, and the divergences that split them.
 
     Samples come in order of their first call, divergences in order of the diverging call
-    (`options.mode` is not read: the caller chose merged). See the module docstring for the rules.
+    (`options.mode` is not read: the caller chose merged). `options.decode`, `special_ids` and
+    `eos_ids` only sharpen the divergence kinds and excerpts; the samples' ids never depend on
+    them. See the module docstring for the rules.
     """
     discount = _check_discount(options.turn_discount)
     episode_reward = finite_or_none(episode.episode_reward)
@@ -409,6 +380,7 @@ def _chain_sample(
         policy_logprobs=policy_logprobs(
             total, [(int(c.prompt_ids.shape[0]), c) for c in chain.calls]
         ),
+        view="merged",
     )
 
 

@@ -9,43 +9,14 @@ options once and reuses them for every episode.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tito_agents.assembly.divergence import Decode
+from tito_agents.config import AssemblyMode
 
-
-class AssemblyMode(enum.Enum):
-    """Which samples an episode's calls become."""
-
-    PER_CALL = "per_call"
-    """One sample per complete call: exact, but the growing prompt is repeated every turn."""
-    MERGED = "merged"
-    """An agent's calls as few long samples, split only where a prompt rewrites history."""
-    BOTH = "both"
-    """Per-call samples, then merged ones, to the same sink (their ids never collide)."""
-
-    @classmethod
-    def parse(cls, value: AssemblyMode | str) -> AssemblyMode:
-        """The member for an `AssemblyMode` or its plain string; `ValueError` names the choices."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(
-                f"mode must be 'per_call', 'merged' or 'both', got {value!r}"
-            ) from None
-
-    @property
-    def per_call(self) -> bool:
-        """Whether this mode makes per-call samples."""
-        return self is not AssemblyMode.MERGED
-
-    @property
-    def merged(self) -> bool:
-        """Whether this mode makes merged samples."""
-        return self is not AssemblyMode.PER_CALL
+__all__ = ["DEFAULT_OPTIONS", "AssemblyMode", "AssemblyOptions", "EpisodeContext"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +87,7 @@ class AssemblyOptions:
             special_ids=getattr(tokenizer, "all_special_ids", None),
             eos_ids=[eos] if eos is not None else None,
         )
+
+
+DEFAULT_OPTIONS = AssemblyOptions()
+"""Per-call mode, no reward discount, no tokenizer hooks: what `assemble` uses when given none."""

@@ -8,7 +8,6 @@ growing prompt in every sample; `merged` trades that for fewer, longer samples.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 
@@ -69,6 +68,7 @@ def sample_of_call(call: Call, episode: EpisodeContext) -> Sample:
         end_reason=call.finish_reason or PER_CALL_REASON,
         metadata=meta,
         policy_logprobs=policy_logprobs(total, [(prompt_len, call)]),
+        view="per_call",
     )
 
 
@@ -77,34 +77,3 @@ def assemble_per_call(calls: Iterable[Call], episode: EpisodeContext) -> list[Sa
     complete = [c for c in calls if c.status is CallStatus.COMPLETE]
     complete.sort(key=lambda c: (c.seq, c.choice_index))
     return [sample_of_call(c, episode) for c in complete]
-
-
-def per_call_sample(
-    call: Call,
-    *,
-    episode_id: str,
-    episode_reward: float | None,
-    task_id: str | None = None,
-    group_id: str | None = None,
-    metadata: dict[str, Any] | None = None,
-) -> Sample:
-    """Keyword form of `sample_of_call` (the signature callers used before `EpisodeContext`)."""
-    return sample_of_call(
-        call, EpisodeContext(episode_id, episode_reward, task_id, group_id, metadata)
-    )
-
-
-def per_call_samples(
-    calls: Iterable[Call],
-    *,
-    episode_id: str,
-    episode_reward: float | None,
-    task_id: str | None = None,
-    group_id: str | None = None,
-    metadata: dict[str, Any] | None = None,
-) -> list[Sample]:
-    """Keyword form of `assemble_per_call`: per-call samples for every complete call, in request
-    order."""
-    return assemble_per_call(
-        calls, EpisodeContext(episode_id, episode_reward, task_id, group_id, metadata)
-    )

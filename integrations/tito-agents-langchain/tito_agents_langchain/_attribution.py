@@ -138,7 +138,7 @@ def _check_setup(run: ModelRun, scope: RootScope | None) -> None:
             "add TitoCallbackHandler(collector) to the run's callbacks "
             '(config={"callbacks": [handler]}) or run it inside `with collector.episode(...)`. '
             f"The call goes where the collector's outside_episode policy "
-            f"({marker.collector.outside_episode.value!r}) sends it.",
+            f"({marker.collector.settings.outside_episode.value!r}) sends it.",
         )
     elif scope is not None and scope.handler.collector is not marker.collector:
         marker.warn_once(

@@ -257,8 +257,9 @@ def test_attached_call_messages_are_measured_end_to_end(
 ) -> None:
     """Samples assembled with `assembly="both"` and their calls' messages attached
     (`attach_call_messages`, the opt-in writer) are re-rendered by drift with the server's template:
-    every call of every sample is measured, none drifts; against another template, all drift."""
-    from tito_agents.assembly import AssemblyMode, AssemblyOptions, EpisodeContext, assemble_episode
+    every call is measured once (from the merged sample: the per-call samples hold the same calls),
+    none drifts; against another template, all drift."""
+    from tito_agents.assembly import AssemblyMode, AssemblyOptions, EpisodeContext, assemble
     from tito_agents.assembly.call_messages import attach_call_messages
 
     first = _chat_call(tok, "c1", MESSAGES, "It is sunny.<|im_end|>")
@@ -268,7 +269,7 @@ def test_attached_call_messages_are_measured_end_to_end(
         {"role": "user", "content": "And tomorrow?"},
     ]
     second = _chat_call(tok, "c2", second_messages, "Rain.<|im_end|>")
-    samples, _ = assemble_episode(
+    samples, _ = assemble(
         [first, second], EpisodeContext("ep"), AssemblyOptions(mode=AssemblyMode.BOTH)
     )
     assert attach_call_messages(samples, [first, second]) == len(samples) == 3
@@ -276,8 +277,10 @@ def test_attached_call_messages_are_measured_end_to_end(
     assert set(merged.metadata["call_messages"]) == {"c1", "c2"}
     data = _drift(tmp_path, capsys, samples)
     rerender = data["template_rerender"]
-    assert rerender["available"] and rerender["scanned"] == 4  # 2 per-call + 2 spans of the merged
+    assert rerender["available"] and rerender["scanned"] == 2  # the 2 spans of the merged sample
     assert rerender["drifted"] == 0
+    assert data["calls"]["scanned"] == 2 and data["samples"]["scanned"] == 1
+    assert data["samples"]["other_view_left_out"] == 2
     other = tmp_path / "other.jinja"
     other.write_text(
         "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
@@ -287,7 +290,7 @@ def test_attached_call_messages_are_measured_end_to_end(
     code, out, _ = run_cli(
         ["drift", path, "--tokenizer", tokenizer_dir(), "--chat-template", other, "--json"], capsys
     )
-    assert code == 0 and json.loads(out)["template_rerender"]["drifted"] == 4
+    assert code == 0 and json.loads(out)["template_rerender"]["drifted"] == 2
 
 
 def test_empty_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

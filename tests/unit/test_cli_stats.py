@@ -133,7 +133,7 @@ def _both_views() -> tuple[list[Sample], list[Sample]]:
         AssemblyMode,
         AssemblyOptions,
         EpisodeContext,
-        assemble_episode,
+        assemble,
     )
     from tito_agents.calls import Call
 
@@ -144,12 +144,12 @@ def _both_views() -> tuple[list[Sample], list[Sample]]:
     for e in range(2):
         first = call(f"e{e}/a", [1, 2, 3], [10, 11], 0.5)
         second = call(f"e{e}/b", [1, 2, 3, 10, 11, 20, 21], [12, 13, 14], 1.0)
-        both += assemble_episode(
+        both += assemble(
             [first, second],
             EpisodeContext(f"ep{e}", episode_reward=None),
             AssemblyOptions(mode=AssemblyMode.BOTH),
         )[0]
-    merged_only, _ = assemble_episode(
+    merged_only, _ = assemble(
         [call("x/a", [5, 6], [7], 2.0)],
         EpisodeContext("ep-x", episode_reward=None),
         AssemblyOptions(mode=AssemblyMode.MERGED),

@@ -71,6 +71,7 @@ def _sample(
         model="test-model",
         start_reason=start_reason,
         end_reason=end_reason,
+        view="per_call" if start_reason == "call" else "merged",
     )
     sample.validate()
     return sample

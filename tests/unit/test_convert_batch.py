@@ -135,6 +135,31 @@ def test_shifted_targets_predict_the_next_trained_token() -> None:
     assert split.labels[1].tolist() == [x, x, x, 211, 212, 213, 214, x] + [x] * 6
 
 
+def test_shifted_targets_have_arrays_and_tensors_like_the_batch() -> None:
+    """What `.shifted()` returns has `.arrays()` and `.to_torch()` (int64 labels and mask,
+    float32 logprobs), and a causal-LM loss runs on the labels as given."""
+    for batch in (
+        pad_batch([merged_sample(), single_sample()]),
+        pad_split_batch([merged_sample(), single_sample()]),
+        pack_batch([merged_sample(), single_sample()]),
+    ):
+        shifted = batch.shifted()
+        arrays = shifted.arrays()
+        assert sorted(arrays) == ["labels", "logprobs", "loss_mask"]
+        assert arrays["labels"] is shifted.labels
+        tensors = shifted.to_torch()
+        assert tensors["labels"].dtype == torch.int64 and tensors["loss_mask"].dtype == torch.int64
+        assert tensors["logprobs"].dtype == torch.float32
+        assert tensors["labels"].tolist() == shifted.labels.tolist()
+        logits = torch.zeros(*tensors["labels"].shape, 300)
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, 300), tensors["labels"].reshape(-1), ignore_index=IGNORE_INDEX
+        )
+        assert loss.item() == pytest.approx(np.log(300), rel=1e-5)  # uniform over 300 ids
+    no_logprobs = pad_batch([single_sample(with_logprobs=False)]).shifted()
+    assert "logprobs" not in no_logprobs.arrays() and "logprobs" not in no_logprobs.to_torch()
+
+
 def test_packed_batch_concatenates_and_restarts_positions() -> None:
     """Packing lays samples end to end with cu_seqlens and per-sequence positions and advantages."""
     packed = pack_batch([merged_sample(), single_sample()], advantages=[0.5, -1.5])

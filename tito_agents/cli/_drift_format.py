@@ -50,6 +50,12 @@ def format_drift(data: dict[str, Any]) -> str:
             ],
         ),
     ]
+    other_view = samples.get("other_view_left_out", 0)
+    if other_view:
+        lines.append(
+            f'per-call and merged samples of the same calls (assembly="both"): each call counted '
+            f"once, from the merged samples; {other_view:,} per-call samples left out"
+        )
     kinds = [
         (f"{where}: {kind}", v["count"], v["tokens_affected"])
         for where, tally in (("call", calls), ("sequence", seqs), ("template", rer))

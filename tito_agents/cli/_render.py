@@ -172,8 +172,8 @@ def check_compiles(path: Path, template: str) -> None:
     except ImportError as exc:
         raise CliInputError(
             path,
-            "auditing a template needs transformers and jinja2: "
-            "pip install 'tito-agents[tokenizer]'",
+            "auditing a template needs transformers and jinja2: pip install transformers "
+            "jinja2 (or, in a tito-agents checkout: pip install '.[tokenizer]')",
         ) from exc
     except Exception as exc:  # jinja2.TemplateSyntaxError and friends
         line = getattr(exc, "lineno", None)

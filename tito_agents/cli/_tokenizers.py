@@ -150,7 +150,9 @@ def _import_transformers(path: Path) -> Any:
         import transformers
     except ImportError as exc:
         raise CliInputError(
-            path, "reading a tokenizer needs transformers: pip install 'tito-agents[tokenizer]'"
+            path,
+            "reading a tokenizer needs transformers: pip install transformers "
+            "(or, in a tito-agents checkout: pip install '.[tokenizer]')",
         ) from exc
     return transformers
 

@@ -41,7 +41,14 @@ from tito_agents.cli._render import RenderRefused, TemplateRenderer, load_render
 from tito_agents.cli._term import Painter, color_enabled
 from tito_agents.cli._tokenizers import decode_tokens
 
-__all__ = ["AuditReport", "CaseResult", "add_parser", "audit_template", "run"]
+__all__ = [
+    "AuditReport",
+    "CaseResult",
+    "add_parser",
+    "audit_template",
+    "check_chat_template",
+    "run",
+]
 
 _CONTEXT_CHARS = 40
 _CONTEXT_TOKENS = 4
@@ -73,6 +80,13 @@ def audit_template(
         missing_tokens=missing,
         renders_reasoning=probe.renders_reasoning,
     )
+
+
+def check_chat_template(renderer: TemplateRenderer) -> None:
+    """`CliInputError` unless the renderer's template renders a basic chat with the user's text
+    in it: a file that is not a chat template (an HTML page, a README) compiles as Jinja, so
+    compiling proves nothing."""
+    _probe(renderer)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +30,17 @@ import orjson
 from tito_agents.assembly.divergence import common_prefix_len, normalize_template_text
 from tito_agents.calls import IdArray
 from tito_agents.cli._drift_format import format_drift
+from tito_agents.cli._drift_report import EXAMPLES, DriftReport, EpisodeDrift, SampleDrift
 from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
 from tito_agents.cli._progress import Progress, progress_enabled
-from tito_agents.cli._render import RenderRefused, TemplateRenderer, check_compiles
+from tito_agents.cli._render import (
+    RenderRefused,
+    TemplateRenderer,
+    check_compiles,
+    load_renderer,
+)
 from tito_agents.cli._tokenizers import load_tokenizer
+from tito_agents.cli.audit import check_chat_template
 from tito_agents.cli.sources import open_samples
 from tito_agents.samples import Sample
 
@@ -49,67 +54,7 @@ __all__ = [
 ]
 
 _BATCH = 256
-_EXAMPLES = 5
 _EXCERPT = 6
-
-
-@dataclass(slots=True)
-class _Tally:
-    scanned: int = 0
-    drifted: int = 0
-    tokens: int = 0
-    tokens_affected: int = 0
-    by_kind: Counter[str] = field(default_factory=Counter)
-    tokens_by_kind: Counter[str] = field(default_factory=Counter)
-
-    def add(self, length: int, kind: str | None, affected: int) -> None:
-        self.scanned += 1
-        self.tokens += length
-        if kind is not None:
-            self.drifted += 1
-            self.tokens_affected += affected
-            self.by_kind[kind] += 1
-            self.tokens_by_kind[kind] += affected
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "scanned": self.scanned,
-            "drifted": self.drifted,
-            "tokens": self.tokens,
-            "tokens_affected": self.tokens_affected,
-            "by_kind": {
-                k: {"count": n, "tokens_affected": self.tokens_by_kind[k]}
-                for k, n in sorted(self.by_kind.items())
-            },
-        }
-
-
-@dataclass(slots=True)
-class DriftReport:
-    """Drift counted per call (sampled ids), per sample (whole sequence) and per template re-render."""
-
-    calls: _Tally = field(default_factory=_Tally)
-    samples_with_drifted_call: int = 0
-    sequences: _Tally = field(default_factory=_Tally)
-    rerender: _Tally = field(default_factory=_Tally)
-    rerender_refused: int = 0
-    examples: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "calls": self.calls.to_dict(),
-            "samples": {
-                "scanned": self.sequences.scanned,
-                "with_drifted_call": self.samples_with_drifted_call,
-            },
-            "sequences": self.sequences.to_dict(),
-            "template_rerender": {
-                "available": self.rerender.scanned > 0 or self.rerender_refused > 0,
-                **self.rerender.to_dict(),
-                "render_refused": self.rerender_refused,
-            },
-            "examples": self.examples,
-        }
 
 
 def captured_requests(sample: Sample) -> dict[str, tuple[list[Any], list[Any] | None]]:
@@ -148,13 +93,18 @@ def measure_drift(
 ) -> DriftReport:
     """Stream `samples` and count drift; tokenizer work is batched `_BATCH` calls at a time."""
     report = DriftReport()
+    episodes = EpisodeDrift(report)
     vocabulary = len(tokenizer)
     for batch in _batches(samples, _BATCH):
         check_vocabulary(batch, vocabulary)
-        _measure_batch(batch, tokenizer, renderer, whole_sequences, report)
+        budget = [EXAMPLES - len(report.examples) - episodes.pending_examples()]
+        measured = _measure_batch(batch, tokenizer, renderer, whole_sequences, budget)
+        for sample, one in zip(batch, measured, strict=True):
+            episodes.add(sample.episode_id, one)
         if progress is not None:
             for sample in batch:
                 progress.advance(sample.num_tokens)
+    episodes.finish()
     return report
 
 
@@ -201,38 +151,37 @@ def _measure_batch(
     tokenizer: Any,
     renderer: TemplateRenderer | None,
     whole_sequences: bool,
-    report: DriftReport,
-) -> None:
-    owners: list[tuple[Sample, str]] = []
+    budget: list[int],
+) -> list[SampleDrift]:
+    """Each sample's measures; `budget[0]`: how many more examples to decode (each costs a
+    dozen tokenizer calls)."""
+    measured = [SampleDrift(s.agent, s.view, tokens=s.num_tokens) for s in batch]
+    owners: list[tuple[int, str]] = []
     sampled: list[IdArray] = []
-    for sample in batch:
+    for k, sample in enumerate(batch):
         for span in sample.spans:
-            owners.append((sample, span.call_id))
+            owners.append((k, span.call_id))
             sampled.append(sample.token_ids[span.start : span.end])
     texts, encoded, again = _round_trip(tokenizer, sampled)
-    drifted_samples: set[int] = set()
-    for (sample, call_id), ids, text, new_ids, new_text in zip(
+    for (k, call_id), ids, text, new_ids, new_text in zip(
         owners, sampled, texts, encoded, again, strict=True
     ):
         kind, affected = _classify(ids, text, new_ids, new_text)
-        report.calls.add(int(ids.shape[0]), kind, affected)
+        measured[k].calls.append((int(ids.shape[0]), kind, affected))
         if kind is not None:
-            drifted_samples.add(id(sample))
-            _example(report, "call", sample, call_id, ids, new_ids, tokenizer)
-    report.samples_with_drifted_call += len(drifted_samples)
+            _example(measured[k], "call", batch[k], call_id, ids, new_ids, tokenizer, budget)
     if whole_sequences:
         sequences = [s.token_ids for s in batch]
         texts, encoded, again = _round_trip(tokenizer, sequences)
-        for ids, text, new_ids, new_text in zip(sequences, texts, encoded, again, strict=True):
+        for k, (ids, text, new_ids, new_text) in enumerate(
+            zip(sequences, texts, encoded, again, strict=True)
+        ):
             kind, affected = _classify(ids, text, new_ids, new_text)
-            report.sequences.add(int(ids.shape[0]), kind, affected)
-    else:
-        for sample in batch:
-            report.sequences.scanned += 1
-            report.sequences.tokens += sample.num_tokens
+            measured[k].sequence = (int(ids.shape[0]), kind, affected)
     if renderer is not None:
-        for sample in batch:
-            _rerender(sample, renderer, tokenizer, report)
+        for sample, one in zip(batch, measured, strict=True):
+            _rerender(sample, renderer, tokenizer, one, budget)
+    return measured
 
 
 def _classify(ids: IdArray, text: str, new_ids: IdArray, new_text: str) -> tuple[str | None, int]:
@@ -244,7 +193,11 @@ def _classify(ids: IdArray, text: str, new_ids: IdArray, new_text: str) -> tuple
 
 
 def _rerender(
-    sample: Sample, renderer: TemplateRenderer, tokenizer: Any, report: DriftReport
+    sample: Sample,
+    renderer: TemplateRenderer,
+    tokenizer: Any,
+    measured: SampleDrift,
+    budget: list[int],
 ) -> None:
     requests = captured_requests(sample)
     for span in sample.spans:
@@ -255,12 +208,12 @@ def _rerender(
         try:
             text = renderer.render(messages, tools=tools, add_generation_prompt=True)
         except RenderRefused:
-            report.rerender_refused += 1
+            measured.rerender_refused += 1
             continue
         prompt = sample.token_ids[: span.start]
         rendered = renderer.encode(text)
         if rendered.shape == prompt.shape and bool(np.array_equal(rendered, prompt)):
-            report.rerender.add(int(prompt.shape[0]), None, 0)
+            measured.rerender.append((int(prompt.shape[0]), None, 0))
             continue
         affected = int(prompt.shape[0]) - common_prefix_len(prompt, rendered)
         old_text = tokenizer.decode(prompt.tolist(), skip_special_tokens=False)
@@ -270,21 +223,23 @@ def _rerender(
             kind = "template_rerender"
         else:
             kind = "content"
-        report.rerender.add(int(prompt.shape[0]), kind, max(affected, 1))
-        _example(report, "template", sample, span.call_id, prompt, rendered, tokenizer)
+        measured.rerender.append((int(prompt.shape[0]), kind, max(affected, 1)))
+        _example(measured, "template", sample, span.call_id, prompt, rendered, tokenizer, budget)
 
 
 def _example(
-    report: DriftReport,
+    measured: SampleDrift,
     where: str,
     sample: Sample,
     call_id: str,
     ids: IdArray,
     new_ids: IdArray,
     tokenizer: Any,
+    budget: list[int],
 ) -> None:
-    if len(report.examples) >= _EXAMPLES:
+    if budget[0] <= 0:
         return
+    budget[0] -= 1
     p = common_prefix_len(ids, new_ids)
     lo = max(0, p - 2)
 
@@ -293,7 +248,7 @@ def _example(
             tokenizer.decode([int(i)], skip_special_tokens=False) for i in values[lo : p + _EXCERPT]
         ]
 
-    report.examples.append(
+    measured.examples.append(
         {
             "where": where,
             "sample_id": sample.sample_id,
@@ -325,7 +280,8 @@ def add_parser(subparsers: Any) -> None:
         metavar="FILE",
         help=(
             "the template the server rendered prompts with, to re-render captured messages: a "
-            "file, or 'tokenizer' for the tokenizer folder's own (not measured without it)"
+            "Jinja file, a tokenizer folder or GGUF file, or 'tokenizer' for the --tokenizer's own "
+            "(not measured without it)"
         ),
     )
     parser.add_argument(
@@ -385,8 +341,10 @@ def _renderer(args: argparse.Namespace, tokenizer: Any) -> TemplateRenderer | No
 
     The samples do not say which template the server rendered with (vLLM's `--chat-template` may
     replace the tokenizer's own), so the check runs only against a template the user names: a
-    file, or `tokenizer` for the tokenizer folder's own. A template that is empty or does not
-    compile is refused (exit 2), never measured against.
+    Jinja file, a tokenizer folder or GGUF file (its template), or `tokenizer` for the
+    `--tokenizer`'s own. Anything that is not a chat template (empty, does not compile, a JSON
+    config, a file that renders no conversation such as an HTML page) is refused (exit 2), never
+    measured against.
     """
     if not args.chat_template:
         return None
@@ -396,13 +354,13 @@ def _renderer(args: argparse.Namespace, tokenizer: Any) -> TemplateRenderer | No
             own = own.get("default") or next(iter(own.values()), None)
         if not isinstance(own, str) or not own.strip():
             raise CliInputError(args.tokenizer, "the tokenizer has no chat template of its own")
-        origin, template = f"{args.tokenizer} (its own template)", own
+        origin = f"{args.tokenizer} (its own template)"
+        check_compiles(Path(args.tokenizer), own)
+        renderer = TemplateRenderer(origin, own, tokenizer, str(args.tokenizer), True)
     else:
-        path = Path(args.chat_template)
-        try:
-            template = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CliInputError(path, f"cannot read template: {exc}") from exc
-        origin = str(path)
-    check_compiles(Path(args.chat_template), template)
-    return TemplateRenderer(origin, template, tokenizer, str(args.tokenizer), True)
+        renderer = load_renderer(args.chat_template)  # exists, readable, not JSON, compiles
+        renderer.tokenizer = tokenizer  # rendered with the model's tokenizer, as vLLM does
+        renderer.tokenizer_origin = str(args.tokenizer)
+        renderer.renders_with_tokenizer = True
+    check_chat_template(renderer)
+    return renderer

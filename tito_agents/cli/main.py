@@ -1,8 +1,8 @@
 """The `tito-agents` console command: argument parsing, dispatch, and the one-line error policy.
 
-Subcommands live in their own modules (`audit`, `drift`, `show`, `stats`), each with `add_parser`
-and `run(args) -> exit code`. Bad input of any kind ends as one line on stderr naming the file and
-the problem, with exit code 2; `--debug` shows the traceback instead.
+Subcommands live in their own modules (`audit`, `compare`, `drift`, `serve`, `show`, `stats`),
+each with `add_parser` and `run(args) -> exit code`. Bad input of any kind ends as one line on
+stderr naming the file and the problem, with exit code 2; `--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from tito_agents import __version__
 from tito_agents.cli import audit, compare, drift, serve, show, stats
 from tito_agents.cli._errors import EXIT_BAD_INPUT, CliInputError
 from tito_agents.errors import TitoError
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show tracebacks instead of one-line errors"
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (audit, compare, drift, serve, show, stats):
         module.add_parser(subparsers)

@@ -1,6 +1,6 @@
 """`tito-agents serve`: run the capture gateway (`tito_agents.gateway`) in front of one vLLM.
 
-Needs the `gateway` extra (`pip install 'tito-agents[gateway]'`); the rest of the command line
+Needs the `gateway` extra (`pip install '.[gateway]'` in a checkout); the rest of the command line
 works without it. The control token comes from `$TITO_GATEWAY_TOKEN`, else from
 `--control-token-file` (created with a fresh random token, mode 0600, when it does not exist):
 never from the command line, which other users of the machine can read.
@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tito_agents._paths import gateway_journal_path, gateway_token_path
 from tito_agents.cli._errors import EXIT_OK, CliInputError
 
 TOKEN_ENV = "TITO_GATEWAY_TOKEN"
@@ -44,7 +45,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--state",
         type=Path,
-        help="restart journal (default: ~/.cache/tito-agents/gateway-PORT.journal)",
+        help="restart journal (default: $TITO_CACHE_DIR/gateway-PORT.journal, TITO_CACHE_DIR "
+        "defaulting to ~/.cache/tito-agents)",
     )
     parser.add_argument("--no-state", action="store_true", help="keep no restart journal")
     parser.add_argument("--assembly", default="per_call", choices=["per_call", "merged", "both"])
@@ -80,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
         from tito_agents.gateway import CLIENT_KEEPALIVE_S, Gateway, GatewayConfig, upstream_root
     except ImportError as exc:
         raise CliInputError(
-            "serve", f"needs the gateway extra: pip install 'tito-agents[gateway]' ({exc})"
+            "serve",
+            "needs the gateway extra: pip install '.[gateway]' in a tito-agents checkout, or "
+            f"pip install --find-links dist 'tito-agents[gateway]' after make wheels ({exc})",
         ) from None
     import tito_agents as tito
 
@@ -91,9 +95,7 @@ def run(args: argparse.Namespace) -> int:
     token = control_token(args.control_token_file, args.port)
     state = None
     if not args.no_state:
-        state = (
-            args.state or Path.home() / ".cache" / "tito-agents" / f"gateway-{args.port}.journal"
-        )
+        state = args.state or gateway_journal_path(args.port)
     collector = tito.Collector(
         args.sink,
         capture_logprobs=args.capture_logprobs,
@@ -139,7 +141,7 @@ def control_token(path: Path | None, port: int) -> str:
     from_env = os.environ.get(TOKEN_ENV, "").strip()
     if from_env:
         return from_env
-    path = path or Path.home() / ".cache" / "tito-agents" / f"gateway-{port}.token"
+    path = path or gateway_token_path(port)
     if path.exists():
         token = path.read_text().strip()
         if not token:

@@ -16,6 +16,7 @@ complete record batches).
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from tito_agents.errors import SampleFormatError, TitoError
 from tito_agents.samples import Sample
 from tito_agents.sinks import read_samples
 from tito_agents.sinks.jsonl import unterminated_tail
+from tito_agents.sinks.parts import list_parts
 
 __all__ = [
     "READER_CANDIDATES",
@@ -60,6 +62,7 @@ _EXTENSIONS = {
     ".arrow": ARROW,
     ".feather": ARROW,
     ".ipc": ARROW,
+    ".arrows": ARROW,
 }
 _PARQUET_MAGIC = b"PAR1"
 _ARROW_FILE_MAGIC = b"ARROW1"
@@ -71,6 +74,7 @@ _PROBE_BYTES = 1 << 18
 _PRETTY_JSON_MAX_BYTES = 1 << 28
 
 _registered: dict[str, SampleReader] = {}
+logger = logging.getLogger("tito_agents")
 
 
 def register_reader(file_format: str, reader: SampleReader) -> None:
@@ -113,9 +117,9 @@ class SampleFile:
 
 def open_samples(path: str | os.PathLike[str], *, allow_truncated: bool = False) -> SampleFile:
     """Check `path` and pick its reader; `CliInputError` when it is not a usable samples file."""
-    path = Path(path)
+    path = _sink_path(path)
     if not path.exists():
-        raise CliInputError(path, "no such file")
+        return _open_sink_parts(path, allow_truncated)
     if path.is_dir():
         return _open_folder(path, allow_truncated)
     try:
@@ -151,6 +155,52 @@ def _open_folder(folder: Path, allow_truncated: bool) -> SampleFile:
     if not files:
         known = ", ".join(sorted(set(_EXTENSIONS)))
         raise CliInputError(folder, f"is a folder with no samples files in it ({known})")
+    return _open_many(folder, files, allow_truncated)
+
+
+def _sink_path(path: str | os.PathLike[str]) -> Path:
+    """The file path of a sink spec as `Collector` and `open_sink` accept it: a `file://` URL or
+    a path with sink options (`out/samples.jsonl?max_file_samples=1000`) name the same files."""
+    text = os.fspath(path)
+    if Path(text).exists():
+        return Path(text)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    if "?" in text and not Path(text).exists():
+        text = text.split("?", 1)[0]
+    return Path(text)
+
+
+def _open_sink_parts(path: Path, allow_truncated: bool) -> SampleFile:
+    """What a rotating file sink wrote for `path` (`Collector("out/samples.parquet")` writes
+    parts ``out/samples-<run>-<index>.parquet``): its finished parts in write order, as one source.
+    Parts still being written (hidden, in progress) are read only with `allow_truncated`."""
+    finished = list_parts(path)
+    everything = list_parts(path, include_in_progress=True)
+    if finished and not allow_truncated:
+        if len(everything) > len(finished):
+            logger.warning(
+                "%s: %d part(s) still being written are left out (pass --allow-truncated to "
+                "read their complete batches)",
+                path,
+                len(everything) - len(finished),
+            )
+        return _open_many(path, finished, allow_truncated)
+    if everything and allow_truncated:
+        return _open_many(path, everything, allow_truncated)
+    if everything:
+        raise CliInputError(
+            path,
+            f"holds only parts still being written ({len(everything)} in progress: is the "
+            "collector still running, or did it crash?); close the Collector, or pass "
+            "--allow-truncated to read their complete batches",
+        )
+    pattern = f"{path.stem}-<run>-<index>{path.suffix}"
+    raise CliInputError(path, f"no such file, and no parts a file sink wrote for it ({pattern})")
+
+
+def _open_many(source: Path, files: list[Path], allow_truncated: bool) -> SampleFile:
+    """Several samples files as one source, read in the order given."""
     opened = [open_samples(p, allow_truncated=allow_truncated) for p in files]
     estimates = [f.estimated_samples for f in opened]
     total = None if any(e is None for e in estimates) else sum(e or 0 for e in estimates)
@@ -160,7 +210,7 @@ def _open_folder(folder: Path, allow_truncated: bool) -> SampleFile:
             yield from part
 
     return SampleFile(
-        folder,
+        source,
         "+".join(sorted({f.format for f in opened})),
         sum(f.size_bytes for f in opened),
         total,

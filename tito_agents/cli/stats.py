@@ -22,7 +22,6 @@ import numpy as np
 import orjson
 
 from tito_agents.assembly.divergence import EPISODE_START, DivergenceKind
-from tito_agents.assembly.per_call import PER_CALL_REASON
 from tito_agents.cli._errors import EXIT_OK, CliInputError
 from tito_agents.cli._progress import Progress, progress_enabled
 from tito_agents.cli._term import human_bytes, percent, table
@@ -31,8 +30,6 @@ from tito_agents.samples import Sample
 
 __all__ = ["SampleStats", "add_parser", "collect_stats", "run"]
 
-PER_CALL_START = PER_CALL_REASON
-"""`start_reason` of a per-call sample (`tito_agents.assembly.per_call`)."""
 DIVERGENCE_KINDS = frozenset(k.value for k in DivergenceKind)
 _QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 _HISTOGRAM_BINS = 10
@@ -116,10 +113,10 @@ class SampleStats:
     """Running totals over a stream of samples; `add` is the only per-sample work.
 
     A file written with `assembly="both"` holds each call twice: in a per-call sample and in a
-    merged one. Calls, tokens, trained tokens, rewards and constrained sampling are therefore
-    counted once per agent of an episode: from its merged samples when it has both kinds, else from
-    the kind it has (`views` keeps each kind's own totals). An episode's samples are contiguous, as
-    every sink writes them; each run of one episode id is one episode here.
+    merged one (`Sample.view` says which). Calls, tokens, trained tokens, rewards and constrained
+    sampling are therefore counted once per agent of an episode: from its merged samples when it
+    has both kinds, else from the kind it has (`views` keeps each kind's own totals). An episode's
+    samples are contiguous, as every sink writes them; each run of one episode id is one episode.
     """
 
     samples: int = 0
@@ -145,7 +142,7 @@ class SampleStats:
         self.samples += 1
         self.lengths.append(sample.token_ids.shape[0])
         trained = int(np.count_nonzero(sample.loss_mask))
-        kind = "per_call" if sample.start_reason == PER_CALL_START else "merged"
+        kind = sample.view
         self._pending.setdefault((sample.agent, kind), _View()).add(sample, trained)
         if sample.logprobs is not None:
             self.with_logprobs += 1
@@ -324,7 +321,9 @@ def format_stats(summary: dict[str, Any], samples: SampleFile) -> str:
         )
     size = human_bytes(samples.size_bytes)
     what = (
-        f"{len(samples.parts)} {samples.format} files, " if samples.parts else f"{samples.format}, "
+        f"{_parts(len(samples.parts))} {samples.format}, "
+        if samples.parts
+        else f"{samples.format}, "
     )
     lines = [f"{samples.path} ({what}{size})", ""]
     lines.append(table(("", "value", "detail"), rows))
@@ -422,3 +421,7 @@ def _format_rewards(rewards: dict[str, Any]) -> str:
 def _bar(count: int, total: int, width: int = 30) -> str:
     filled = round(width * count / total) if total else 0
     return "█" * filled + " " * (width - filled)
+
+
+def _parts(count: int) -> str:
+    return "1 part" if count == 1 else f"{count:,} parts"

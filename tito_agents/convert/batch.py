@@ -54,6 +54,18 @@ class ShiftedTargets:
     loss_mask: MaskMatrix
     logprobs: FloatMatrix | None
 
+    def arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """The shifted fields by name (`logprobs` only when present), shaped like the batch's."""
+        out: dict[str, npt.NDArray[Any]] = {"labels": self.labels, "loss_mask": self.loss_mask}
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        return out
+
+    def to_torch(self) -> dict[str, Any]:
+        """`arrays()` as torch tensors (int64 labels and loss mask, float32 logprobs), ready for
+        `torch.nn.functional.cross_entropy(..., ignore_index=-100)`."""
+        return to_torch(self.arrays())
+
 
 def shifted_targets(
     input_ids: npt.NDArray[np.int32],

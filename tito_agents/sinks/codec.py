@@ -44,6 +44,7 @@ def _header(sample: Sample) -> bytes:
             "start_reason": sample.start_reason,
             "end_reason": sample.end_reason,
             "metadata": sample.metadata,
+            "view": sample.view,
             "n": sample.num_tokens,
             "lp": sample.logprobs is not None,
             "plp": sample.policy_logprobs is not None,

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tito_agents.samples import SCHEMA_VERSION, CallSpan, Sample
+from tito_agents.samples import SCHEMA_VERSION, CallSpan, Sample, view_of
 from tito_agents.sinks._optional import missing
 
 try:
@@ -76,11 +76,15 @@ SCHEMA = pa.schema(
         ("end_reason", pa.string()),
         ("metadata", pa.string()),
         ("policy_logprobs", pa.list_(pa.float32())),
+        ("view", pa.string()),
     ]
 )
 """The Arrow schema of sample files (Sample fields; `metadata` as a JSON string)."""
 
 _SCALAR_COLUMNS = [n for n in SCHEMA.names if n not in TOKEN_COLUMNS]
+_ADDED_COLUMNS = ("view",)
+"""Scalar columns newer than the first files: read when present (`Sample.view` is otherwise
+implied by `start_reason`)."""
 
 
 def parquet_options(compression: str | None = "zstd") -> dict[str, Any]:
@@ -138,6 +142,7 @@ def samples_to_batch(samples: Sequence[Sample]) -> Any:
             pa.string(),
         ),
         _list_column([s.policy_logprobs for s in samples], np.float32, pa.float32()),
+        pa.array([s.view for s in samples], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
@@ -173,7 +178,12 @@ def batch_to_samples(batch: Any) -> Iterator[Sample]:
         if "policy_logprobs" in names
         else [None] * batch.num_rows
     )
-    scalars = {name: batch.column(name).to_pylist() for name in _SCALAR_COLUMNS}
+    absent: list[Any] = [None] * batch.num_rows
+    scalars: dict[str, list[Any]] = {
+        name: batch.column(name).to_pylist() if name in names else absent
+        for name in _SCALAR_COLUMNS
+        if name in names or name in _ADDED_COLUMNS
+    }
     for i in range(batch.num_rows):
         ids = token_ids[i]
         mask = loss_mask[i]
@@ -195,6 +205,7 @@ def batch_to_samples(batch: Any) -> Iterator[Sample]:
             end_reason=scalars["end_reason"][i] or "call",
             metadata=orjson.loads(metadata) if metadata else {},
             policy_logprobs=policy[i],
+            view=view_of(scalars["view"][i], scalars["start_reason"][i]),
         )
         sample.validate()
         yield sample
@@ -368,10 +379,21 @@ def convert_stream_to_parquet(
         with pq.ParquetWriter(str(parquet_path), SCHEMA, **parquet_options(compression)) as out:
             groups = _RowGroups(out, row_group_size)
             for batch in reader:
-                groups.add(batch)
+                groups.add(_in_schema(batch))
                 rows += batch.num_rows
             groups.flush()
     return rows
+
+
+def _in_schema(batch: Any) -> Any:
+    """`batch` in `SCHEMA`: a journal written before a column was added gets it as nulls."""
+    if batch.schema.equals(SCHEMA):
+        return batch
+    columns = [
+        batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
+        for f in SCHEMA
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
 
 class _StreamBatches:
@@ -435,5 +457,10 @@ def read_table(paths: Sequence[Path]) -> Any:
             tables.append(pq.read_table(str(path)))
         else:
             with pa.memory_map(str(path), "r") as source:
-                tables.append(pa.Table.from_batches(list(_StreamBatches(source)), schema=SCHEMA))
-    return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+                batches = list(_StreamBatches(source))
+                schema = batches[0].schema if batches else SCHEMA
+                tables.append(pa.Table.from_batches(batches, schema=schema))
+    if not tables:
+        return SCHEMA.empty_table()
+    # parts written before a column was added (`view`) get it as nulls
+    return pa.concat_tables(tables, promote_options="default")

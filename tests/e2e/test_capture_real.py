@@ -9,48 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 import tito_agents as tito
 from tests.rescoring import constrained, rescore_sample
+from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS, tokenize
 
 pytestmark = pytest.mark.e2e
 
 # bf16 noise measured on this server (docs/real-vllm.md): mean |Δ| ~ 0.03, max ~ 0.1.
-MEAN_TOL, MAX_TOL = 0.08, 0.5
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-            "strict": True,
-        },
-    }
-]
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Name three colours of the rainbow."},
 ]
-
-
-def tokenize(base_url: str, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:
-    root = base_url.rstrip("/").removesuffix("/v1")
-    body: dict[str, Any] = {"messages": messages, "add_generation_prompt": True}
-    if tools:
-        body["tools"] = tools
-    response = httpx.post(f"{root}/tokenize", json=body, timeout=60)
-    response.raise_for_status()
-    return list(response.json()["tokens"])
 
 
 def check_samples(

@@ -19,6 +19,7 @@ import pytest
 
 import tito_agents as tito
 from tests.rescoring import rescore_sample
+from tests.support.real_vllm import MAX_TOL, MEAN_TOL
 from tito_agents.testing.smollm2 import load_tokenizer
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +27,6 @@ pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "langgraph_agent.py"
 EPISODES = 4
 # bf16 noise measured on this server (docs/real-vllm.md): mean |Δ| ~ 0.03, max ~ 0.1.
-MEAN_TOL, MAX_TOL = 0.08, 0.5
 
 
 def test_langgraph_example_writes_exact_samples(

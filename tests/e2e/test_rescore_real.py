@@ -18,10 +18,10 @@ import pytest
 
 import tito_agents as tito
 from tests.rescoring import constrained, rescore_sample
+from tests.support.real_vllm import MAX_TOL, MEAN_TOL
 
 pytestmark = pytest.mark.e2e
 
-MEAN_TOL, MAX_TOL = 0.05, 0.5
 
 TOOLS = [
     {

@@ -5,8 +5,9 @@ Each captured call holds the server's own ids: its prompt ids equal the server's
 same conversation in chat form (vLLM renders a Responses request through the chat template:
 instructions as the system message, function_call items as assistant tool calls, their outputs as
 tool messages), and re-scoring prompt + sampled ids with /v1/completions `prompt_logprobs`
-reproduces the captured rollout logprobs of free calls (mean |Δ| ≤ 0.05). The caller's response is
-the one an unwrapped client gets: the fields capture added are null.
+reproduces the captured rollout logprobs of free calls (mean |Δ| within the bf16 noise bound of
+tests/support/real_vllm.py). The caller's response is the one an unwrapped client gets: the fields
+capture added are null.
 """
 
 from __future__ import annotations
@@ -20,36 +21,12 @@ import pytest
 
 import tito_agents as tito
 from tests.rescoring import rescored_logprobs
+from tests.support.real_vllm import ASK, INSTRUCTIONS, MEAN_TOL, RESPONSES_TOOL, TOOLS, tokenize
 
 pytestmark = pytest.mark.e2e
 
-MEAN_TOL = 0.05
-TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
-"""Strict, so the forced call's grammar follows the schema (a 135M model then closes the call)."""
-CHAT_TOOL = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
-INSTRUCTIONS = "You are a helpful assistant."
-ASK = "What is the weather in Paris?"
-
-
-def tokenize(base_url: str, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:
-    root = base_url.rstrip("/").removesuffix("/v1")
-    body: dict[str, Any] = {"messages": messages, "add_generation_prompt": True}
-    if tools:
-        body["tools"] = tools
-    response = httpx.post(f"{root}/tokenize", json=body, timeout=60)
-    response.raise_for_status()
-    return list(response.json()["tokens"])
+TOOL = RESPONSES_TOOL
+CHAT_TOOL = TOOLS[0]  # the same tool in the chat shape
 
 
 def check_rescored(base_url: str, model: str, call: tito.Call) -> float:

@@ -5,8 +5,10 @@ scores the tito samples through every converter layout: on free-running tokens t
 is 1 within fp32/bf16 noise (mean |log ratio| <= 0.05) and not one trained token differs from the
 ids the engine sampled. The text pipeline is run beside it (figures reported, not asserted: they
 depend on what was sampled). Then one GRPO step, the new weights served by a second vLLM (port
-TITO_RL_RELOAD_PORT, default 8776) and round 2: its spans carry the new policy_version and are exact
-against the new weights, which explain them better than the old ones.
+TITO_RL_RELOAD_PORT, default a free port, so that two runs on one machine never collide) and
+round 2: its spans carry the new policy_version and are exact against the new weights, which
+explain them better than the old ones. That second server serves weights made by this test, so it
+is the test's own (started and stopped inside it, as `make rl-step` does).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import pytest
 pytest.importorskip("torch", reason="the trainer check needs torch (tito-agents[trainer-check])")
 pytest.importorskip("transformers", reason="the trainer check needs transformers")
 
-from tests.e2e.conftest import load_vllm_server_script
+from tests.e2e.conftest import free_port, load_vllm_server_script
 from tito_agents.trainer_check import LAYOUTS
 
-pytestmark = pytest.mark.e2e
+# round 1, fp32 scoring on the CPU, a GRPO step, a second vLLM's start-up, round 2: 5.5 min on
+# 2 cores at load average 6, 8.7-11.6 min at load 10-11 (docs/real-vllm.md, "The e2e tier")
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 MEAN_TOL = 0.05
@@ -54,7 +58,7 @@ def test_one_rl_iteration_is_exact_and_round_trips(vllm_base_url: str, tmp_path:
         max_tokens=(40, 32),
         dtypes=("fp32",),
         text_dtypes=("fp32",),
-        reload_port=int(os.environ.get("TITO_RL_RELOAD_PORT") or 8776),
+        reload_port=int(os.environ.get("TITO_RL_RELOAD_PORT") or free_port()),
     )
     comparison = result.comparison
     print("\n".join(comparison.headline()))

@@ -8,6 +8,7 @@ equal to the engine's prompt deltas and sampled ids, and re-scoring reproduces i
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -15,8 +16,8 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.e2e.test_capture_real import MAX_TOL, MEAN_TOL, TOOLS
 from tests.rescoring import constrained, rescore_sample
+from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS
 from tito_agents.testing.smollm2 import load_tokenizer
 
 pytestmark = pytest.mark.e2e
@@ -56,12 +57,15 @@ def run(
     # from the server's template at its first append, so no token is named here.
     collector = tito.Collector(capture_logprobs=True, assembly="merged", tokenizer=load_tokenizer())
     client = collector.wrap(openai.OpenAI(base_url=base_url, api_key="EMPTY"), sessions=sessions)
-    eps = []
-    with client:
-        for i in range(episodes):
-            with collector.episode(f"ep{i}") as ep:
-                agent_episode(client, model, seed=100 * i)
-            eps.append(ep)
+
+    def one(i: int) -> tito.Episode:
+        with collector.episode(f"ep{i}") as ep:
+            agent_episode(client, model, seed=100 * i)
+        return ep
+
+    # concurrent episodes (an agent fleet's way; the server batches their calls)
+    with client, ThreadPoolExecutor(episodes) as pool:
+        eps = list(pool.map(one, range(episodes)))
     return collector, eps
 
 
@@ -106,8 +110,10 @@ def test_with_sessions_each_episode_is_one_exact_sample(
     sampled ids, logprobs reproduced by re-scoring."""
     collector, eps = run(vllm_base_url, vllm_model, sessions=True, episodes=2)
     samples = collector.sink.samples  # type: ignore[attr-defined]
-    assert len(samples) == len(eps)
-    for ep, sample in zip(eps, samples, strict=True):
+    assert sorted(s.episode_id for s in samples) == sorted(ep.episode_id for ep in eps)
+    by_episode = {s.episode_id: s for s in samples}
+    for ep in eps:
+        sample = by_episode[ep.episode_id]
         calls = sorted(ep.calls, key=lambda c: c.seq)
         notes = [(c.session, c.session_reason) for c in calls]
         # a turn cut by max_tokens is bridged with the end-of-turn token derived from the

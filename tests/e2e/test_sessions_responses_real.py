@@ -17,10 +17,12 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.e2e.test_capture_real import MAX_TOL, MEAN_TOL
-from tests.e2e.test_responses_real import ASK, CHAT_TOOL, INSTRUCTIONS, TOOL, tokenize
 from tests.rescoring import rescore_sample
+from tests.support.real_vllm import ASK, INSTRUCTIONS, MAX_TOL, MEAN_TOL, TOOLS, tokenize
+from tests.support.real_vllm import RESPONSES_TOOL as TOOL
 from tito_agents.testing.smollm2 import load_tokenizer
+
+CHAT_TOOL = TOOLS[0]  # the same tool in the chat shape
 
 pytestmark = pytest.mark.e2e
 

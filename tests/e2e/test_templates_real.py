@@ -17,9 +17,7 @@ and templates that re-render history give one sample with `session_history="samp
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -30,9 +28,9 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.e2e.conftest import load_vllm_server_script
-from tests.e2e.test_capture_real import MAX_TOL, MEAN_TOL, TOOLS
+from tests.e2e.conftest import ServerConfig, VllmServers
 from tests.rescoring import constrained, rescore_sample
+from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS
 from tito_agents.calls import SessionNote
 from tito_agents.cli._audit_cases import AuditCase
 from tito_agents.cli._render import load_renderer
@@ -86,55 +84,26 @@ def finding(codes: frozenset[str]) -> str:
     return "re-renders"
 
 
-@contextlib.contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _accepts_request_templates(base_url: str) -> bool:
     body = {"messages": [{"role": "user", "content": "."}], "chat_template": "{{ 'x' }}"}
     response = httpx.post(f"{base_url.removesuffix('/v1')}/tokenize", json=body, timeout=30)
     return response.status_code == 200
 
 
-@pytest.fixture(scope="module")
-def template_server(request: pytest.FixtureRequest, vllm_base_url: str) -> Iterator[str]:
+@pytest.fixture(scope="session")
+def template_server(vllm_base_url: str, vllm_servers: VllmServers) -> str:
     """The standard server (scripts/vllm_server.py starts it with `--trust-request-chat-template`),
-    else, where it runs without (started by an older script), our own one on
-    TITO_TEMPLATE_VLLM_PORT (default 8779), stopped after."""
+    else, where it runs without (an older instance left running), one of that configuration of
+    our own on a free port, stopped at the end of the session."""
     if _accepts_request_templates(vllm_base_url):
-        yield vllm_base_url
-        return
-    mod = load_vllm_server_script()
-    own = {
-        "TITO_VLLM_PORT": os.environ.get("TITO_TEMPLATE_VLLM_PORT") or "8779",
-        "TITO_VLLM_EXTRA_ARGS": "--trust-request-chat-template",  # harmless twice
-    }
-    capman: Any = request.config.pluginmanager.getplugin("capturemanager")
-    with _environ(**own):
-        started = not mod.is_ready()
-        if started:
-            with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
-                mod.start()
-        url = str(mod.base_url())
+        return vllm_base_url
+    url = vllm_servers.url(ServerConfig(extra_args="--trust-request-chat-template"))
     if not _accepts_request_templates(url):
         pytest.fail(f"the vLLM on {url} refuses request chat templates; restart it", pytrace=False)
-    yield url
-    if started:
-        with _environ(**own):
-            mod.stop()
+    return url
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def template_model(template_server: str) -> str:
     response = httpx.get(f"{template_server}/models", timeout=10)
     response.raise_for_status()
@@ -209,11 +178,23 @@ def test_template_matrix(name: str, template_server: str, template_model: str) -
     assert codes == EXPECTED[name]
     expect = finding(codes)
     template = (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+    server, model = template_server, template_model
 
-    ep, samples = run(template_server, template_model, template, sessions=False)
+    # The runs are independent episodes: side by side, the server batches their calls (one at a
+    # time would leave most of its CPU idle between the test's own steps).
+    with ThreadPoolExecutor(3) as pool:
+        plain = pool.submit(run, server, model, template, sessions=False)
+        token_in = pool.submit(run, server, model, template, sessions=True)
+        sampled = (  # the opt-in that keeps the sampled tokens
+            pool.submit(run, server, model, template, sessions=True, history="sampled")
+            if expect == "re-renders"
+            else None
+        )
+
+    ep, samples = plain.result()
     check_exact(template_server, template_model, ep, samples)
 
-    ep, samples = run(template_server, template_model, template, sessions=True)
+    ep, samples = token_in.result()
     if expect == "pass":
         one_chain(ep, samples, {SessionNote.TOKEN_IN, SessionNote.TOKEN_IN_BRIDGED})
     else:
@@ -222,9 +203,7 @@ def test_template_matrix(name: str, template_server: str, template_model: str) -
             assert REASONS[expect] in (call.session_reason or ""), call.session_reason
     check_exact(template_server, template_model, ep, samples)
 
-    if expect == "re-renders":  # the opt-in keeps the sampled tokens: one sample again
-        ep, samples = run(
-            template_server, template_model, template, sessions=True, history="sampled"
-        )
+    if sampled is not None:  # the opt-in keeps the sampled tokens: one sample again
+        ep, samples = sampled.result()
         one_chain(ep, samples, {SessionNote.TOKEN_IN_SAMPLED})
         check_exact(template_server, template_model, ep, samples)

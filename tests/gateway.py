@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 import uvicorn
 
 import tito_agents as tito
@@ -343,3 +346,39 @@ def wait_for(condition: Callable[[], bool], what: str, limit_s: float = 60.0) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened: {what}")
         time.sleep(0.01)
+
+
+def echo_responder(view: object) -> str:
+    """Answers with the first user message, so a sample shows which episode asked for it."""
+    messages = getattr(view, "messages", ())
+    text = next((str(m.get("content")) for m in messages if m.get("role") == "user"), "ok")
+    return f"You said: {text}"
+
+
+NODE_DIR = Path(__file__).resolve().parent / "node"
+
+
+def node_client() -> Path:
+    """The client script, its npm dependencies installed from the lock file on first use."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed (Debian package nodejs)")
+    if not (NODE_DIR / "node_modules" / "openai").is_dir():
+        if shutil.which("npm") is None:
+            pytest.skip("npm is not installed, so the openai package cannot be installed")
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=NODE_DIR,
+            check=True,
+            timeout=600,
+        )
+    return NODE_DIR / "gateway_client.mjs"
+
+
+def run_node(base_url: str, model: str) -> dict[str, dict[str, object]]:
+    out = subprocess.run(
+        ["node", str(node_client()), base_url, model],
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    return dict(json.loads(out.stdout))

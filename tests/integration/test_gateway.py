@@ -13,18 +13,11 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.gateway import TOKEN, ServedGateway, free_port
+from tests.gateway import TOKEN, ServedGateway, echo_responder, free_port
 from tito_agents.sinks import MemorySink
 from tito_agents.testing.fake_vllm import MODEL_NAME, FakeConfig, FakeVLLMServer
 
 MSG = [{"role": "user", "content": "Say something."}]
-
-
-def echo_responder(view: object) -> str:
-    """Answers with the first user message, so a sample shows which episode asked for it."""
-    messages = getattr(view, "messages", ())
-    text = next((str(m.get("content")) for m in messages if m.get("role") == "user"), "ok")
-    return f"You said: {text}"
 
 
 @pytest.fixture(scope="module")

@@ -3,46 +3,14 @@ an agent in another language, given only a base URL, produces exact samples, str
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import tito_agents as tito
-from tests.gateway import ServedGateway
+from tests.gateway import ServedGateway, run_node
 from tito_agents.sinks import MemorySink
 from tito_agents.testing.fake_vllm import MODEL_NAME, FakeConfig, FakeVLLMServer
-
-NODE_DIR = Path(__file__).resolve().parents[1] / "node"
-
-
-def node_client() -> Path:
-    """The client script, its npm dependencies installed from the lock file on first use."""
-    if shutil.which("node") is None:
-        pytest.skip("node is not installed (Debian package nodejs)")
-    if not (NODE_DIR / "node_modules" / "openai").is_dir():
-        if shutil.which("npm") is None:
-            pytest.skip("npm is not installed, so the openai package cannot be installed")
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=NODE_DIR,
-            check=True,
-            timeout=600,
-        )
-    return NODE_DIR / "gateway_client.mjs"
-
-
-def run_node(base_url: str, model: str) -> dict[str, dict[str, object]]:
-    out = subprocess.run(
-        ["node", str(node_client()), base_url, model],
-        capture_output=True,
-        check=True,
-        timeout=120,
-    )
-    return dict(json.loads(out.stdout))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_cli_support import TEMPLATES, run_cli, trl_templates
+from tests.support.cli_samples import TEMPLATES, run_cli, trl_templates
 from tito_agents.cli._audit_cases import (
     TOOLS,
     AuditCase,

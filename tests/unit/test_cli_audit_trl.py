@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_cli_support import trl_templates
+from tests.support.cli_samples import trl_templates
 from tito_agents.cli._audit_cases import USER_TEXT, AuditCase, Dialect, conversation, head
 from tito_agents.cli._render import RenderRefused, TemplateRenderer, load_renderer
 from tito_agents.cli.audit import CaseResult, audit_template

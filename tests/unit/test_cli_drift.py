@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.factories import make_call
-from tests.unit.test_cli_support import _sample, run_cli, write_samples
+from tests.support.cli_samples import _sample, run_cli, write_samples
 from tito_agents.samples import Sample
 from tito_agents.testing.smollm2 import TOOLS_TEMPLATE_PATH, load_tokenizer, tokenizer_dir
 

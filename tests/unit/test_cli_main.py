@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_cli_support import TEMPLATES, merged_episode, run_cli, write_samples
+from tests.support.cli_samples import TEMPLATES, merged_episode, run_cli, write_samples
 from tito_agents.cli._errors import EXIT_BAD_INPUT, CliInputError
 from tito_agents.cli.main import main
 

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.unit.test_cli_support import merged_episode, run_cli, write_samples
+from tests.support.cli_samples import merged_episode, run_cli, write_samples
 from tito_agents import __version__
 from tito_agents.cli._errors import CliInputError
 from tito_agents.cli.main import build_parser

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.unit.test_cli_support import merged_episode, run_cli, write_samples
+from tests.support.cli_samples import merged_episode, run_cli, write_samples
 from tito_agents.cli._layout import CONTEXT, ENV, TRAINED, build_view
 from tito_agents.samples import Sample
 from tito_agents.testing.smollm2 import tokenizer_dir

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_cli_support import merged_episode, run_cli, write_samples
+from tests.support.cli_samples import merged_episode, run_cli, write_samples
 from tito_agents.cli import sources
 from tito_agents.cli._errors import CliInputError
 from tito_agents.cli.sources import open_samples, register_reader

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.factories import make_call
-from tests.unit.test_cli_support import _sample, merged_episode, run_cli, write_samples
+from tests.support.cli_samples import _sample, merged_episode, run_cli, write_samples
 from tito_agents.cli._progress import Progress
 from tito_agents.cli.sources import open_samples
 from tito_agents.cli.stats import collect_stats

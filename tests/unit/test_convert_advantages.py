@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.unit.test_convert_samples import single_sample
+from tests.support.convert_samples import single_sample
 from tito_agents.convert import ConversionError, group_advantages
 
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_convert_samples import build_sample, merged_sample, single_sample
+from tests.support.convert_samples import build_sample, merged_sample, single_sample
 from tito_agents import ConfigurationError, Sample
 from tito_agents.convert import (
     IGNORE_INDEX,

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.unit.test_convert_samples import build_sample, merged_sample, single_sample
+from tests.support.convert_samples import build_sample, merged_sample, single_sample
 from tito_agents.convert import (
     ConversionError,
     group_advantages,

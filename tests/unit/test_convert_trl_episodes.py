@@ -1,7 +1,7 @@
 """The `rollout_func` of docs/converters.md inside TRL 1.16's real `GRPOTrainer`: episodes run
 against the fake vLLM, `ep.samples` handed to `to_trl_rollout`, one training step.
 
-The model is the tiny random Llama of test_convert_trl_real.py on the SmolLM2 tokenizer (the
+The model is the tiny random Llama of tests/support/trl_trainer.py on the SmolLM2 tokenizer (the
 fake vLLM samples SmolLM2 ids); the point is what TRL trains on, not what it learns.
 """
 
@@ -20,7 +20,7 @@ pytest.importorskip("trl", reason="trl is not installed (pip install trl)")
 import openai
 
 import tito_agents as tito
-from tests.unit.test_convert_trl_real import grpo_trainer
+from tests.support.trl_trainer import grpo_trainer
 from tito_agents.convert import to_trl_rollout
 from tito_agents.samples import Sample
 from tito_agents.sinks import MemorySink

@@ -10,23 +10,21 @@ from __future__ import annotations
 import os
 import queue
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL warns on every experimental import
 trl = pytest.importorskip("trl", reason="trl is not installed (pip install trl)")
 
-from tests.unit.test_convert_samples import merged_sample, single_sample  # noqa: E402
+from tests.support.convert_samples import merged_sample, single_sample  # noqa: E402
+from tests.support.trl_trainer import grpo_trainer  # noqa: E402
 from tito_agents import Sample  # noqa: E402
 from tito_agents.convert import (  # noqa: E402
     pack_batch,
     pad_split_batch,
-    passthrough_reward,
     to_trl_rollout,
     to_trl_rollout_samples,
 )
@@ -43,46 +41,6 @@ MERGED_ENV_MASK = [1, 1, 0, 0, 0, 1, 1, 1, 0, 1]
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     return load_tokenizer()
-
-
-def grpo_trainer(
-    tokenizer: Any, tmp_path: Path, rollout_func: Callable[[list[Any], Any], dict[str, Any]]
-) -> Any:
-    from datasets import Dataset
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=256,
-        )
-    )
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        logging_steps=1,
-        mask_truncated_completions=False,
-        disable_tqdm=True,
-    )
-    return trl.GRPOTrainer(
-        model=model,
-        reward_funcs=passthrough_reward,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": ["p0", "p1"]}),
-        processing_class=tokenizer,
-        rollout_func=rollout_func,
-    )
 
 
 def group_of_two() -> list[Sample]:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.test_convert_samples import merged_sample, single_sample
+from tests.support.convert_samples import merged_sample, single_sample
 from tito_agents import ConfigurationError
 from tito_agents.convert import ConversionError, to_agent_loop_outputs, to_verl_batch
 

@@ -20,7 +20,7 @@ agent_loop = pytest.importorskip(
 )
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed")
 
-from tests.unit.test_convert_samples import build_sample, merged_sample, single_sample  # noqa: E402
+from tests.support.convert_samples import build_sample, merged_sample, single_sample  # noqa: E402
 from tito_agents.convert import group_advantages, to_agent_loop_outputs, to_verl_batch  # noqa: E402
 from tito_agents.testing.smollm2 import load_tokenizer  # noqa: E402
 

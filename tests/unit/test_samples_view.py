@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.unit.test_cli_support import merged_episode, run_cli, write_samples
+from tests.support.cli_samples import merged_episode, run_cli, write_samples
 from tito_agents.errors import SampleFormatError
 from tito_agents.samples import Sample
 from tito_agents.sinks import read_samples

@@ -18,27 +18,9 @@ import pytest
 
 import tito_agents as tito
 from tests.rescoring import constrained, rescore_sample
-from tests.support.real_vllm import MAX_TOL, MEAN_TOL
+from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS
 
 pytestmark = pytest.mark.e2e
-
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-            "strict": True,
-        },
-    }
-]
 
 
 async def episode(

@@ -37,18 +37,7 @@ TOOLS: list[dict[str, Any]] = [
 ]
 """A strict weather tool: the forced call's grammar follows the schema, so a 135M model closes it."""
 
-RESPONSES_TOOL: dict[str, Any] = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+RESPONSES_TOOL: dict[str, Any] = {"type": "function", **TOOLS[0]["function"]}
 """The same tool in the Responses API's flat shape."""
 INSTRUCTIONS = "You are a helpful assistant."
 ASK = "What is the weather in Paris?"

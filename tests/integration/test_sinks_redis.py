@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,6 +47,14 @@ def make(n: int, start: int = 0, tokens: int = 64) -> list[Sample]:
 
 def ids(samples: list[Sample]) -> list[str]:
     return [s.sample_id for s in samples]
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Wait for an event the test caused (the deadline only turns a hang into a failure)."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
+        time.sleep(0.005)
 
 
 def drain(reader: RedisStreamReader, expected: int, timeout: float = 20) -> list[Sample]:
@@ -166,8 +174,7 @@ def test_redis_down_and_restarted_loses_nothing(
     for i in range(100, 250, 5):
         sink.write(samples[i : i + 5])
         time.sleep(0.005)
-    time.sleep(0.3)
-    assert sink.stats.failed_attempts > 0 and sink.stats.spilled > 0
+    wait_for(lambda: sink.stats.failed_attempts > 0 and sink.stats.spilled > 0, "a spill")
     server.start()
     for i in range(250, 300, 5):
         sink.write(samples[i : i + 5])

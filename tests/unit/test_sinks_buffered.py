@@ -10,7 +10,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -36,9 +36,13 @@ class FlakySink(Sink):
         self.attempts = 0
         self.closed = False
         self.lock = threading.Lock()
+        self.gate = threading.Event()
+        """Open: writes go through. Closed (`gate.clear()`): each write waits until it opens."""
+        self.gate.set()
 
     def write(self, samples: Sequence[Sample]) -> None:
         self.attempts += 1
+        assert self.gate.wait(60), "the test never opened the gate"
         if self.delay:
             time.sleep(self.delay)
         if self.down:
@@ -50,6 +54,14 @@ class FlakySink(Sink):
 
     def close(self) -> None:
         self.closed = True
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Wait for an event the test caused (the deadline only turns a hang into a failure)."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
+        time.sleep(0.005)
 
 
 def make(n: int, start: int = 0, tokens: int = 32) -> list[Sample]:
@@ -67,11 +79,11 @@ def flaky() -> FlakySink:
 
 def test_write_only_enqueues(flaky: FlakySink) -> None:
     """The hot path returns without waiting for a slow destination; flush waits for it."""
-    flaky.delay = 0.2
+    flaky.gate.clear()  # the destination holds every write until the test opens it
     sink = BufferedSink(flaky, linger=0)
-    started = time.monotonic()
-    sink.write(make(5))
-    assert time.monotonic() - started < 0.1
+    sink.write(make(5))  # returns although nothing can be delivered yet
+    assert flaky.received == [] and sink.pending == 5
+    flaky.gate.set()
     sink.flush()
     assert flaky.received == ids(make(5))
     sink.close()
@@ -85,9 +97,9 @@ def test_outage_is_retried_and_delivered_exactly_once(flaky: FlakySink) -> None:
     samples = make(20)
     for i in range(0, 20, 3):
         sink.write(samples[i : i + 3])
-    time.sleep(0.1)
+    wait_until(lambda: sink.stats.failed_attempts > 1, "two failed attempts")
     assert not sink.force_flush(timeout=0.05)
-    assert sink.stats.failed_attempts > 1 and sink.pending == 20
+    assert sink.pending == 20
     assert "destination down" in (sink.stats.last_error or "")
     flaky.down = False
     assert sink.force_flush(timeout=10)
@@ -137,7 +149,7 @@ def test_without_spill_dir_a_full_buffer_applies_backpressure(flaky: FlakySink) 
     thread.join()
     sink.close()
     assert flaky.received == ids(make(9))
-    assert sink.stats.blocked_writes == 1 and sink.stats.blocked_seconds > 0.2
+    assert sink.stats.blocked_writes == 1 and sink.stats.blocked_seconds > 0
 
 
 def test_block_timeout_raises_instead_of_waiting_forever(flaky: FlakySink) -> None:
@@ -194,8 +206,10 @@ def test_close_spills_what_it_cannot_deliver_and_the_next_sink_delivers_it(
     with pytest.raises(SinkError, match="closed"):
         sink.write(make(1))
     again = FlakySink()
+    again.gate.clear()  # holds the replay, which starts at once, until the count is checked
     later = BufferedSink(again, spill_dir=tmp_path, retry=FAST)
     assert later.stats.spill_pending == 10
+    again.gate.set()
     later.flush(timeout=10)
     later.close()
     assert again.received == ids(make(10)) and later.stats.replayed == 10
@@ -212,15 +226,17 @@ def test_close_without_spill_dir_reports_what_was_not_delivered(flaky: FlakySink
 
 async def test_async_twins_do_not_block_the_loop(flaky: FlakySink) -> None:
     """awrite returns at once and aflush/aclose drain without blocking the event loop."""
-    flaky.delay = 0.05
+    flaky.gate.clear()  # opened by the event loop once it has run 5 ticks during the flush
     sink = BufferedSink(flaky, batch_size=2, linger=0)
     ticks = 0
 
     async def ticker() -> None:
         nonlocal ticks
         while True:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.001)
             ticks += 1
+            if ticks == 5:
+                flaky.gate.set()
 
     task = asyncio.create_task(ticker())
     for i in range(6):
@@ -238,9 +254,9 @@ _EXIT_WITHOUT_CLOSE = textwrap.dedent(
     from tito_agents.sinks.buffered import BufferedSink
     from tito_agents.sinks.jsonl import JsonlSink
     from tito_agents.sinks.testing import synthetic_sample
-    sink = BufferedSink(JsonlSink(sys.argv[1]), linger=5.0, batch_size=1000)
+    sink = BufferedSink(JsonlSink(sys.argv[1]), linger=60.0, batch_size=1000)
     sink.write([synthetic_sample(100, 16)])
-    sink.flush()  # a delivery just now: the next write lingers (5 s) and is pending at exit
+    sink.flush()  # a delivery just now: the next write lingers (60 s) and is pending at exit
     sink.write([synthetic_sample(i, 16) for i in range(7)])
     print("exiting without close", flush=True)
     """
@@ -268,9 +284,9 @@ _EXIT_NESTED = textwrap.dedent(
     from tito_agents.sinks.files import RotatingFileSink
     from tito_agents.sinks.testing import synthetic_sample
     files = RotatingFileSink(sys.argv[1])
-    sink = BufferedSink(files, linger=5.0, batch_size=1000)
+    sink = BufferedSink(files, linger=60.0, batch_size=1000)
     sink.write([synthetic_sample(100, 16)])
-    sink.flush()  # a delivery just now: the next write lingers (5 s) and is pending at exit
+    sink.flush()  # a delivery just now: the next write lingers (60 s) and is pending at exit
     sink.write([synthetic_sample(i, 16) for i in range(9)])
     """
 )
@@ -419,10 +435,8 @@ def test_write_nowait_refuses_at_once_where_write_would_wait(flaky: FlakySink) -
     flaky.down = True
     sink = BufferedSink(flaky, max_buffer_samples=4, retry=FAST, batch_size=2, linger=0)
     sink.write_nowait(make(6))  # accepted: the buffer was empty
-    started = time.monotonic()
-    with pytest.raises(SinkError, match="not accepted") as caught:
+    with pytest.raises(SinkError, match="not accepted") as caught:  # (write would wait forever)
         sink.write_nowait(make(3, start=6))
-    assert time.monotonic() - started < 0.1
     assert caught.value.retryable
     assert (sink.stats.accepted, sink.stats.refused_writes, sink.stats.blocked_writes) == (6, 1, 0)
     flaky.down = False
@@ -461,22 +475,18 @@ def test_an_outage_moves_memory_to_disk_within_spill_after(
         spill_after=0.2,
         batch_size=4,
         linger=0,
-        retry=RetryPolicy(initial=2.0, maximum=2.0, jitter=0),  # the next retry is far off
+        retry=RetryPolicy(initial=5.0, maximum=5.0, jitter=0),  # the next retry is far off
     )
     for i in range(0, 20, 5):
         sink.write(make(5, start=i))
-    deadline = time.monotonic() + 5
-    while sink.stats.failed_attempts == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sink.stats.failed_attempts == 1 and sink.stats.spilled == 0
-    time.sleep(0.5)
+    wait_until(lambda: (sink.stats.spilled, sink.stats.buffered) == (20, 0), "all on disk")
     assert sink.stats.failed_attempts == 1  # no retry yet: the window, not the backoff, spilled
     assert (sink.stats.spilled, sink.stats.spill_pending, sink.stats.buffered) == (20, 20, 0)
     sink.write(make(3, start=20))
     asyncio.run(sink.awrite(make(2, start=23)))
     assert (sink.stats.spilled, sink.stats.buffered) == (25, 0)
     flaky.down = False
-    sink.flush(timeout=10)
+    sink.flush(timeout=30)
     assert flaky.received == ids(make(25))
     assert sink.stats.replayed == 25 and sink.stats.spill_pending == 0
     sink.write(make(2, start=25))  # healthy again: memory, not disk
@@ -500,7 +510,9 @@ _KILLED_MID_OUTAGE = textwrap.dedent(
                         batch_size=4, spill_after=0.2, retry=RetryPolicy(initial=0.01, maximum=0.05))
     for i in range(30):
         sink.write([synthetic_sample(i, 16)])
-    time.sleep(0.6)  # past the window
+    deadline = time.monotonic() + 60
+    while sink.stats.spilled < 30 and time.monotonic() < deadline:
+        time.sleep(0.005)  # past the window: everything accepted is on disk
     for i in range(30, 40):
         sink.write([synthetic_sample(i, 16)])
     print(sink.stats.spilled, flush=True)
@@ -544,20 +556,19 @@ def test_a_producer_ahead_of_a_healthy_destination_gives_the_worker_its_turn(
 ) -> None:
     """With pace_after samples waiting for a healthy but busy destination, write waits (without
     the GIL) for the worker to take them, at most a short while; write_nowait never does."""
-    flaky.delay = 0.3
+    flaky.gate.clear()  # the destination is busy with sample 0 until the test opens it
     sink = BufferedSink(flaky, pace_after=3, batch_size=2, linger=0)
     sink.write(make(1))
-    deadline = time.monotonic() + 5
-    while flaky.attempts == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)  # the worker is inside inner.write with sample 0
+    wait_until(lambda: flaky.attempts == 1, "the worker inside inner.write with sample 0")
     sink.write(make(2, start=1))
     assert sink.stats.paced_writes == 0  # 2 waiting: not behind yet
     started = time.monotonic()
     sink.write(make(1, start=3))  # 3 waiting: the worker is behind
     waited = time.monotonic() - started
-    assert sink.stats.paced_writes == 1 and 0.05 <= waited <= 1.0
+    assert sink.stats.paced_writes == 1 and waited >= 0.05  # waited its turn, then gave up
     sink.write_nowait(make(2, start=4))
     assert sink.stats.paced_writes == 1
+    flaky.gate.set()
     sink.close()
     assert flaky.received == ids(make(6))
 
@@ -576,16 +587,13 @@ def test_linger_batches_a_busy_writer_and_never_delays_a_lone_write() -> None:
     """A write after a quiet spell is delivered at once (no timed wait); writes that follow a
     delivery closely wait up to `linger` for each other and reach the destination together."""
     inner = RecordingSink()
-    sink = BufferedSink(inner, linger=0.5, batch_size=100)
+    sink = BufferedSink(inner, linger=30.0, batch_size=100)
     started = time.monotonic()
     sink.write(make(1))
-    sink.flush()
-    assert time.monotonic() - started < 0.4  # not held for the linger
-    for i in range(5):  # a busy writer, right after a delivery
+    wait_until(lambda: len(inner.writes) == 1, "the lone write delivered, without a flush")
+    assert time.monotonic() - started < 20  # not held for the 30 s linger
+    for i in range(5):  # a busy writer, right after a delivery: lingers (close ends it)
         sink.write(make(1, start=1 + i))
-    deadline = time.monotonic() + 5
-    while sum(len(w) for _, w in inner.writes) < 6 and time.monotonic() < deadline:
-        time.sleep(0.01)
     sink.close()
     assert [w for _, w in inner.writes] == [ids(make(1)), ids(make(5, start=1))]
 

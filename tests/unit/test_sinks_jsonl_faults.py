@@ -29,7 +29,7 @@ from tito_agents.sinks.testing import synthetic_sample
 # argv: path, first index, batches, tokens per sample, file-size limit (0: none), mode.
 _WRITER = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, resource, sys, time
     from tito_agents.errors import SinkError
     from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
     from tito_agents.sinks.jsonl import JsonlSink
@@ -50,7 +50,10 @@ _WRITER = textwrap.dedent(
             batch = [synthetic_sample(index + i, tokens) for i in range(1 + b % 4)]
             index += len(batch)
             buffered.write(batch)
-        delivered = buffered.force_flush(timeout=1.0)
+        deadline = time.monotonic() + 60  # until the limit refused a write (or all is written)
+        while not buffered.stats.failed_attempts and buffered.pending and time.monotonic() < deadline:
+            time.sleep(0.005)
+        delivered = buffered.force_flush(timeout=0.1)
         print(json.dumps({"refused": buffered.stats.failed_attempts, "delivered": delivered}))
         sys.stdout.flush()
         import os
@@ -126,6 +129,7 @@ def test_a_retried_batch_never_duplicates_lines(tmp_path: Path) -> None:
     assert _cli("stats", str(path)) == 0
 
 
+@pytest.mark.timeout(900)  # 12 writers of 4000-token samples: ≈ 110 s on 2 loaded cores
 def test_sigkill_at_random_points_loses_no_acknowledged_sample(tmp_path: Path) -> None:
     """SIGKILL of a writer at random points (12 trials on one file, each restarted writer
     appending after the last): every acknowledged sample is in the file, the file is readable by

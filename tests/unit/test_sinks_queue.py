@@ -79,7 +79,7 @@ async def test_aclose_waits_for_the_consumer_to_drain() -> None:
     await asyncio.sleep(0.05)
     assert not closing.done()
     got = await sink.get_batch(10)
-    await asyncio.wait_for(closing, 1)
+    await asyncio.wait_for(closing, 30)
     assert len(got) == 5 and sink.pending == 0
     with pytest.raises(SinkError, match="closed"):
         await sink.awrite(make(1))
@@ -103,7 +103,7 @@ async def test_write_from_another_thread_waits_for_room() -> None:
     await asyncio.sleep(0.1)
     assert not finished.is_set()
     first = await sink.get_batch(2)
-    await asyncio.wait_for(thread_done, 2)
+    await asyncio.wait_for(thread_done, 30)
     second = await sink.get_batch(2, timeout=1)
     assert ids(first + second) == ids(make(4))
     await sink.aclose(timeout=1)

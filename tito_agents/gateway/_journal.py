@@ -6,7 +6,8 @@ therefore writes nothing for them, and this journal is how the next gateway on t
 file reports them: one JSON line per open and per close, appended (no fsync: a process crash
 keeps what the kernel has; a torn last line is skipped). At start the file is read, the episodes
 opened and never closed become *lost*, and the file is rewritten holding only those, so it stays
-as small as the number of open and lost episodes.
+as small as the number of open and lost episodes. Default location (`tito-agents serve`):
+`tito_agents._paths.gateway_journal_path`, under the state root ``$TITO_CACHE_DIR``.
 """
 
 from __future__ import annotations

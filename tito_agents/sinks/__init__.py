@@ -4,11 +4,12 @@ Redis Streams and Ray, with buffering, retries and spill-to-disk (`open_sink` pi
 path or URL). Optional libraries (pyarrow, redis, ray) are imported only when used."""
 
 from tito_agents.sinks.base import CallbackSink, MemorySink, Sink
-from tito_agents.sinks.buffered import BufferedSink, ExportStats, RetryPolicy
+from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
 from tito_agents.sinks.files import RotatingFileSink, read_file_samples, read_file_table
 from tito_agents.sinks.jsonl import JsonlSink, read_samples
 from tito_agents.sinks.queue import AsyncQueueSink
 from tito_agents.sinks.registry import open_sink
+from tito_agents.stats import ExportStats
 
 __all__ = [
     "AsyncQueueSink",

@@ -48,16 +48,17 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from tito_agents.errors import ConfigurationError, SinkError
 from tito_agents.samples import Sample
-from tito_agents.sinks import _lifecycle
+from tito_agents.sinks import lifecycle
 from tito_agents.sinks.base import Sink
 from tito_agents.sinks.codec import sample_nbytes
 from tito_agents.sinks.spill import SpillBatch, SpillLog
+from tito_agents.stats import ExportStats
 
 logger = logging.getLogger("tito_agents.sinks")
 
@@ -78,42 +79,6 @@ class RetryPolicy:
     def delay(self, attempt: int) -> float:
         base = min(self.maximum, self.initial * self.multiplier ** min(attempt, 60))
         return base * (1.0 - self.jitter * random.random())
-
-
-@dataclass(slots=True)
-class ExportStats:
-    """What a `BufferedSink` did (read them; the sink updates them)."""
-
-    accepted: int = 0
-    """Samples handed to `write`."""
-    exported: int = 0
-    """Samples the inner sink accepted (including replayed ones)."""
-    buffered: int = 0
-    """Samples in memory now (waiting or being delivered)."""
-    spilled: int = 0
-    """Samples written to the spill log."""
-    replayed: int = 0
-    """Samples delivered from the spill log (this process's or one left by a crashed process)."""
-    spill_pending: int = 0
-    """Samples in the spill log now."""
-    failed_attempts: int = 0
-    """Delivery attempts that raised (each was retried or rejected)."""
-    rejected: int = 0
-    """Samples refused for good by the destination (kept in the rejected log, never dropped)."""
-    blocked_writes: int = 0
-    """`write` calls that had to wait for room (backpressure)."""
-    blocked_seconds: float = 0.0
-    spill_failures: int = 0
-    """Spill appends that failed (e.g. the spill disk is full too); those writes waited instead."""
-    refused_writes: int = 0
-    """`write_nowait` calls that found no room and raised (the caller kept the samples)."""
-    paced_writes: int = 0
-    """`write` / `awrite` calls that gave the worker its turn (it was `pace_after` behind)."""
-    paced_seconds: float = 0.0
-    last_error: str | None = None
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 _PACE_TIMEOUT = 0.1
@@ -226,7 +191,7 @@ class BufferedSink(Sink):
             if self.stats.spill_pending:
                 self._spilling = True
                 self._start_worker()
-        _lifecycle.track(self)
+        lifecycle.track(self)
         _instances.add(self)
 
     def __repr__(self) -> str:
@@ -256,7 +221,7 @@ class BufferedSink(Sink):
         self.rejected_samples = []
         self.stats = ExportStats()
         self._closing = self._closed = False
-        _lifecycle.track(self)
+        lifecycle.track(self)
 
     # ---- hot path ----
 

@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 
 from tito_agents.errors import ConfigurationError, SinkError
 from tito_agents.samples import Sample
-from tito_agents.sinks import _lifecycle
+from tito_agents.sinks import lifecycle
 from tito_agents.sinks.base import Sink
 from tito_agents.sinks.jsonl import encode_sample
 from tito_agents.sinks.parts import (
@@ -196,7 +196,7 @@ class RotatingFileSink(Sink):
         if recover:
             parts, samples = recover_parts(self.folder, stem=self.stem, suffix=self.suffix)
             self.stats.recovered_parts, self.stats.recovered_samples = parts, samples
-        _lifecycle.track(self)
+        lifecycle.track(self)
 
     def __repr__(self) -> str:
         return f"RotatingFileSink({str(self.folder / (self.stem + self.suffix))!r})"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tito_agents.errors import ConfigurationError, SinkError
 from tito_agents.samples import Sample
-from tito_agents.sinks import _lifecycle
+from tito_agents.sinks import lifecycle
 from tito_agents.sinks.base import Sink
 from tito_agents.sinks.codec import sample_nbytes
 from tito_agents.sinks.spill import SpillLog
@@ -64,7 +64,7 @@ class AsyncQueueSink(Sink):
         self.get_count = 0
         self.spilled = 0
         self.backpressure_waits = 0
-        _lifecycle.track(self)
+        lifecycle.track(self)
 
     def __repr__(self) -> str:
         return f"AsyncQueueSink(maxsize={self.maxsize})"

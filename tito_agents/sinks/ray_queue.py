@@ -38,7 +38,7 @@ from typing import Any
 
 from tito_agents.errors import ConfigurationError, SinkError
 from tito_agents.samples import Sample
-from tito_agents.sinks import _lifecycle
+from tito_agents.sinks import lifecycle
 from tito_agents.sinks.base import Sink
 from tito_agents.sinks.dedupe import SampleDeduper
 from tito_agents.sinks.ray_actor import (  # raises the install hint without ray
@@ -124,7 +124,7 @@ class RaySink(Sink):
         self.resent_batches = 0
         self.actor_restarts = 0
         self.backpressure_waits = 0
-        _lifecycle.track(self)
+        lifecycle.track(self)
 
     def __repr__(self) -> str:
         return f"RaySink({self.namespace}/{self.name})"

@@ -1,10 +1,10 @@
 """The consumer side of Redis Streams: a consumer-group reader with ack, stable consumer names,
-re-reads after reconnects, and dedupe by `sample_id` (`RedisSeenSet`). See `redis_streams` for
-the stream layout and memory."""
+re-reads after reconnects, outages waited out (`RedisUnreachableError` past a limit), and dedupe
+by `sample_id` (`RedisSeenSet`, in `dedupe`). See `redis_streams` for the stream layout."""
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -14,7 +14,7 @@ from tito_agents.samples import Sample
 from tito_agents.sinks._optional import missing
 from tito_agents.sinks._redis_consumer import LEASE_TTL, ConsumerLease, derived_name
 from tito_agents.sinks.codec import FIELD_META, decode_fields
-from tito_agents.sinks.dedupe import SampleDeduper
+from tito_agents.sinks.dedupe import RedisSeenSet, SampleDeduper
 
 try:
     import redis
@@ -23,6 +23,23 @@ except ImportError as exc:  # pragma: no cover - exercised only without redis
     raise missing("redis") from exc
 
 from tito_agents.sinks._redis import DEFAULT_STREAM, DEFAULT_URL, connect, translate
+
+__all__ = ["RedisSeenSet", "RedisStreamReader", "RedisUnreachableError"]
+
+logger = logging.getLogger("tito_agents.sinks")
+_clock = time.monotonic
+"""The clock of `batches` (idle and outage time); tests replace it to make an outage long."""
+
+
+class RedisUnreachableError(SinkError):
+    """`batches` could not reach Redis for `unreachable_timeout` seconds (`seconds`, over
+    `attempts` tries). Nothing was lost: unread samples stay in the stream, unacknowledged ones
+    pending for this consumer; a reader started again (same name) reads them."""
+
+    def __init__(self, message: str, *, seconds: float, attempts: int) -> None:
+        super().__init__(message, retryable=True)
+        self.seconds = seconds
+        self.attempts = attempts
 
 
 class RedisStreamReader:
@@ -89,6 +106,11 @@ class RedisStreamReader:
         self._last_claim = 0.0
         self._draining = False
         self.duplicates_dropped = 0
+        self.unreachable_retries = 0
+        """Failed tries of `batches` while Redis was unreachable (or answered "try again")."""
+        self.outages = 0
+        """Outages `batches` waited out (or raised on): runs of failed tries."""
+        self._outage_tries = 0
         self.rereads = 0
         """How many times this reader went back over its own pending entries after an error or
         a reconnect (entries Redis had delivered in a reply that never arrived)."""
@@ -299,28 +321,41 @@ class RedisStreamReader:
         poll: float = 1.0,
         retry_delay: float = 0.5,
         wait_pending: bool = True,
+        unreachable_timeout: float | None = 300.0,
     ) -> Iterator[list[Sample]]:
-        """Yield batches until nothing arrives for `idle_timeout` seconds (None: forever).
+        """Yield batches until Redis has answered with nothing for `idle_timeout` seconds (None:
+        forever).
 
         With `auto_ack`, a batch is acknowledged when the consumer asks for the next one (so a
-        crash while processing a batch re-delivers it). Redis outages are waited out. With
-        `wait_pending`, an idle reader returns only once nothing of the group is pending
-        elsewhere (`pending_elsewhere`): entries a lost reply stranded under its own name are
-        re-read at once, other consumers' are claimed as soon as they have been idle for
-        `claim_idle` (checked every `poll` while waiting), so stopping can take up to
-        `claim_idle` longer; a run that ends this way leaves no sample unread.
+        crash while processing a batch re-delivers it). A reader that cannot reach Redis is not
+        idle: `idle_timeout` counts only time while Redis answers (its clock starts over when
+        Redis answers again, when producers may still be catching up). Meanwhile the reader
+        retries every `retry_delay` seconds (logged; counted in `unreachable_retries` and
+        `outages`) and raises `RedisUnreachableError` once Redis has been unreachable for
+        `unreachable_timeout` seconds in a row (None: retries forever); a non-retryable error
+        (credentials, permissions) raises at once. With `wait_pending`, an idle reader returns
+        only once nothing of the group is pending elsewhere (`pending_elsewhere`): entries a lost
+        reply stranded under its own name are re-read at once, other consumers' are claimed as
+        soon as they have been idle for `claim_idle` (checked every `poll` while waiting), so
+        stopping can take up to `claim_idle` longer; a run that ends this way leaves no sample
+        unread.
         """
-        idle_since = time.monotonic()
+        idle_since = _clock()
+        down_since: float | None = None
         previous: list[Sample] = []
         try:
             while True:
+                asked = _clock()
                 try:
                     if auto_ack and previous:
                         self.ack(previous)
                         previous = []
                     batch = self.read(max_samples, timeout=poll)
+                    if down_since is not None:  # idle from the first answer after an outage
+                        self._back_up(down_since)
+                        idle_since, down_since = asked, None
                     if not batch and (
-                        idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout
+                        idle_timeout is not None and _clock() - idle_since >= idle_timeout
                     ):
                         if not wait_pending or self.pending_elsewhere() == 0:
                             return
@@ -328,14 +363,48 @@ class RedisStreamReader:
                 except SinkError as exc:
                     if not exc.retryable:
                         raise
+                    down_since = self._unreachable(exc, down_since, unreachable_timeout)
                     time.sleep(retry_delay)
                     continue
                 if batch:
-                    idle_since = time.monotonic()
+                    idle_since = _clock()
                     previous = batch
                     yield batch
         finally:
             self._draining = False
+
+    def _unreachable(self, exc: SinkError, since: float | None, limit: float | None) -> float:
+        """Count and log a failed try of `batches`; raise once Redis has been unreachable for
+        `limit` seconds. Returns when the outage began."""
+        now = _clock()
+        self.unreachable_retries += 1
+        if since is None:
+            since = now
+            self.outages += 1
+            logger.warning(
+                "%r: Redis unreachable, not idle: retrying (for up to %s): %s",
+                self,
+                "ever" if limit is None else f"{limit:g}s",
+                exc,
+            )
+        else:
+            logger.debug("%r: Redis still unreachable after %.1fs: %s", self, now - since, exc)
+        self._outage_tries += 1
+        if limit is not None and now - since >= limit:
+            raise RedisUnreachableError(
+                f"{self!r}: Redis unreachable for {now - since:.1f}s ({self._outage_tries} tries,"
+                f" unreachable_timeout={limit:g}); nothing is lost, unread samples wait in Redis:"
+                f" {exc}",
+                seconds=now - since,
+                attempts=self._outage_tries,
+            ) from exc
+        return since
+
+    def _back_up(self, since: float) -> None:
+        tries, self._outage_tries = self._outage_tries, 0
+        logger.warning(
+            "%r: Redis answers again after %.1fs, %d tries", self, _clock() - since, tries
+        )
 
     @property
     def unacknowledged(self) -> int:
@@ -377,80 +446,3 @@ class RedisStreamReader:
 
 _HANDED_BACK_IDLE_MS = 10 * 365 * 24 * 3600 * 1000
 """The idle time `close` sets on entries it hands back: longer than any `claim_idle`."""
-
-
-class RedisSeenSet:
-    """The ids of acknowledged samples, kept in Redis for at least `ttl` seconds (at most 2 ttl),
-    so that any reader of the group, restarted or not, drops a copy that arrives later.
-
-    Why not one key per id (as before): a key costs ≈ 133 bytes of Redis memory (measured with
-    INFO used_memory on redis-server 7.0; MEMORY USAGE says 88 for the key alone), ≈ 190 MB at
-    400 samples/s for a 1 h TTL. Here an id is a 64-bit digest (blake2b of the sample id) stored
-    as an integer member of a set: key ``<prefix>:<generation>:<shard>`` with generation =
-    server time // ttl and shard = digest mod `shards`. Sets of at most 512 integers (Redis's
-    default set-max-intset-entries) are stored as packed arrays: ≈ 9 bytes per id, plus ≈ 100
-    bytes per (generation, shard) key. Memory ≈ (1 to 2) × rate × ttl × 9 B + ≤ 2 × shards ×
-    100 B; compact while rate × ttl ≤ 512 × shards (2.1 M ids per ttl with the default 4096
-    shards), beyond which a shard becomes a hash table (≈ 64 B per id, still half the old cost).
-    A generation key expires when the next generation ends, and a lookup checks the current and
-    the previous generation. The chance that an unrelated id shares a digest with one
-    remembered (and is dropped) is about n / 2⁶⁴ per sample, n the ids remembered.
-    """
-
-    def __init__(self, client: redis.Redis, prefix: str, ttl: int, shards: int = 4096) -> None:
-        if ttl < 1 or shards < 1:
-            raise ConfigurationError("dedupe_ttl and dedupe_shards must be >= 1")
-        self.client = client
-        self.prefix = prefix
-        self.ttl = ttl
-        self.shards = shards
-        self._clock_offset: float | None = None
-
-    def _now(self) -> float:
-        """Redis's clock (read once), so that readers on hosts whose clocks differ agree on the
-        generation."""
-        if self._clock_offset is None:
-            before = time.time()
-            seconds, micros = self.client.time()
-            self._clock_offset = seconds + micros / 1e6 - (before + time.time()) / 2
-        return time.time() + self._clock_offset
-
-    @staticmethod
-    def digest(sample_id: str) -> int:
-        raw = hashlib.blake2b(sample_id.encode(), digest_size=8).digest()
-        return int.from_bytes(raw, "big", signed=True)
-
-    def _key(self, generation: int, shard: int) -> str:
-        return f"{self.prefix}:{generation}:{shard}"
-
-    def contains(self, sample_ids: Sequence[str]) -> list[bool]:
-        """Whether each id was acknowledged within the last `ttl` seconds (or a little more)."""
-        generation = int(self._now() // self.ttl)
-        by_shard: dict[int, list[int]] = {}
-        digests = [self.digest(sample_id) for sample_id in sample_ids]
-        for value in digests:
-            by_shard.setdefault(value % self.shards, []).append(value)
-        pipe = self.client.pipeline(transaction=False)
-        order: list[int] = []
-        for shard, values in by_shard.items():
-            for gen in (generation, generation - 1):
-                pipe.smismember(self._key(gen, shard), values)
-                order.append(shard)
-        seen: set[int] = set()
-        for shard, flags in zip(order, pipe.execute(), strict=True):
-            seen.update(v for v, flag in zip(by_shard[shard], flags, strict=True) if flag)
-        return [value in seen for value in digests]
-
-    def add(self, pipe: Any, sample_ids: Sequence[str]) -> None:
-        """Queue on `pipe` the commands that remember `sample_ids` (so that they are applied in
-        the same MULTI/EXEC as the acknowledgement)."""
-        generation = int(self._now() // self.ttl)
-        by_shard: dict[int, list[int]] = {}
-        for sample_id in sample_ids:
-            value = self.digest(sample_id)
-            by_shard.setdefault(value % self.shards, []).append(value)
-        expire_at = (generation + 2) * self.ttl
-        for shard, values in by_shard.items():
-            key = self._key(generation, shard)
-            pipe.sadd(key, *values)
-            pipe.expireat(key, expire_at)

@@ -45,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without redis
     raise missing("redis") from exc
 
 from tito_agents.sinks._redis import _SID, DEFAULT_STREAM, DEFAULT_URL, connect, translate
-from tito_agents.sinks.redis_reader import RedisSeenSet, RedisStreamReader
+from tito_agents.sinks.redis_reader import RedisSeenSet, RedisStreamReader, RedisUnreachableError
 
 __all__ = [
     "DEFAULT_STREAM",
@@ -53,6 +53,7 @@ __all__ = [
     "RedisSeenSet",
     "RedisStreamReader",
     "RedisStreamSink",
+    "RedisUnreachableError",
     "connect",
     "translate",
 ]

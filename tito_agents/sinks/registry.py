@@ -11,7 +11,8 @@
     open_sink("memory://")
 
 Network sinks (Redis, Ray) come wrapped in a `BufferedSink` (buffer, retry with backoff, spill to
-`~/.cache/tito-agents/spill/<destination>` or `$TITO_SPILL_DIR`) unless `buffered=False`; file
+`$TITO_CACHE_DIR/spill/<destination>`, default `~/.cache/tito-agents/spill/…`, or
+`$TITO_SPILL_DIR/<destination>`) unless `buffered=False`; file
 and in-process sinks are not, unless `buffered=True`. Keyword options override the query string.
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from tito_agents._paths import spill_root
 from tito_agents.errors import ConfigurationError
 from tito_agents.sinks.base import MemorySink, Sink
 from tito_agents.sinks.buffered import BufferedSink
@@ -114,7 +116,8 @@ def open_sink(
 
     buffered: wrap in a `BufferedSink` (default: for Redis and Ray only).
     spill_dir: where a buffered sink spills; "default" = ``$TITO_SPILL_DIR/<destination>`` or
-        ``~/.cache/tito-agents/spill/<destination>``; None = no spill (backpressure instead).
+        ``$TITO_CACHE_DIR/spill/<destination>`` (default ``~/.cache/tito-agents/spill/…``),
+        created only when something is spilled; None = no spill (backpressure instead).
     options: sink options (also accepted in the query string) and buffer options
         (`max_buffer_samples`, `max_buffer_bytes`, `linger`, `spill_after`, `close_timeout`,
         `block_timeout`).
@@ -135,16 +138,13 @@ def open_sink(
 
 
 def default_spill_dir(destination: str) -> Path:
-    """``$TITO_SPILL_DIR/<destination>``, else ``$XDG_CACHE_HOME`` (or ``~/.cache``)
-    ``/tito-agents/spill/<destination>``; the name is made filesystem-safe."""
-    root = os.environ.get("TITO_SPILL_DIR")
-    if root is None:
-        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-        root = os.path.join(cache, "tito-agents", "spill")
+    """``<spill root>/<destination>``: ``$TITO_SPILL_DIR``, else ``<state root>/spill``, the state
+    root being ``$TITO_CACHE_DIR`` (default ``~/.cache/tito-agents``, see `tito_agents._paths`);
+    the name is made filesystem-safe. Not created here: the spill log makes it on first spill."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", destination).strip("_") or "sink"
     if len(safe) > 120:  # a long destination keeps a folder of its own
         safe = f"{safe[:100]}-{hashlib.sha256(destination.encode()).hexdigest()[:12]}"
-    return Path(root) / safe
+    return spill_root() / safe
 
 
 def _take(

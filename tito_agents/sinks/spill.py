@@ -4,7 +4,9 @@ A buffered sink spills here when its memory bound is hit, and replays the log in
 destination is back. Each process writes its own folder under the spill root and holds an exclusive
 lock on it; a folder whose lock is free belonged to a process that died, and the next spill log
 opened on the same root adopts it and replays it first. So a crash loses nothing that reached the
-spill log: after the crash, the next run delivers it.
+spill log: after the crash, the next run delivers it. Folders are made on the first spill, not
+when the log is opened, and `close` removes its own folder, and the root, once they are empty: a
+process that never spilled leaves nothing on disk.
 
 Segments are replayed in name order: appended ones count up from `_FIRST_SEQ`, and `prepend` (samples
 older than everything spilled so far, e.g. what waited in memory when the destination failed) counts
@@ -134,28 +136,51 @@ class SpillLog:
         self.root = Path(root)
         self._fsync = fsync
         self._lock = threading.Lock()
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-            self.folder = self.root / name
-            self.folder.mkdir()
-            self._lock_file: IO[bytes] | None = open(self.folder / _LOCK, "wb")  # noqa: SIM115
-            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            msg = f"cannot open spill folder under {self.root}: {exc}"
-            raise SinkError(msg, retryable=False) from exc
+        name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.folder = self.root / name
+        """This process's folder, made on the first spill (`_own_folder`)."""
+        self._lock_file: IO[bytes] | None = None
         self._segments: list[_Segment] = []
         self._adopted: list[tuple[Path, IO[bytes]]] = []
         self._next_seq = _FIRST_SEQ
         self._front_seq = _FIRST_SEQ - 1
         self._writer: IO[bytes] | None = None
-        self._adopt_orphans()
+        try:
+            self._adopt_orphans()
+        except OSError as exc:
+            msg = f"cannot open spill folder {self.root}: {exc}"
+            raise SinkError(msg, retryable=False) from exc
         self.spilled_samples = 0
         """Samples appended by this process (adopted ones not included)."""
+
+    def _own_folder(self) -> None:
+        """Make and lock this process's folder, on the first spill (called under `_lock`). The
+        lock file gets its name only once locked, so no other process takes the folder for the
+        one of a dead process meanwhile."""
+        if self._lock_file is not None:
+            return
+        pending = self.folder / f"{_LOCK}.new"
+        try:
+            for attempt in range(3):  # another log's close may remove an empty root meanwhile
+                try:
+                    self.folder.mkdir(parents=True, exist_ok=True)
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
+            handle = open(pending, "wb")  # noqa: SIM115 - held until close
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.replace(pending, self.folder / _LOCK)
+        except OSError as exc:
+            msg = f"cannot create spill folder {self.folder}: {exc}"
+            raise SinkError(msg, retryable=True) from exc
+        self._lock_file = handle
 
     # ---- adoption of folders left by dead processes ----
 
     def _adopt_orphans(self) -> None:
+        if not self.root.is_dir():
+            return  # nothing spilled here yet
         folders = sorted(
             p for p in self.root.iterdir() if p != self.folder and (p / _LOCK).is_file()
         )
@@ -191,6 +216,7 @@ class SpillLog:
             return
         data = _frames(samples)
         with self._lock:
+            self._own_folder()
             segment = self._active_segment()
             assert self._writer is not None
             fd = self._writer.fileno()
@@ -214,6 +240,7 @@ class SpillLog:
             return
         data = _frames(samples)
         with self._lock:
+            self._own_folder()
             path = self.folder / f"{self._front_seq:010d}{_SUFFIX}"
             self._front_seq -= 1
             try:
@@ -319,7 +346,8 @@ class SpillLog:
                 self._adopted.remove((folder, handle))
 
     def close(self) -> None:
-        """Close files. Undelivered segments stay on disk for the next spill log on this root."""
+        """Close files. Undelivered segments stay on disk for the next spill log on this root;
+        this log's folder and the root are removed once empty."""
         with self._lock:
             if self._writer is not None:
                 self._writer.close()
@@ -339,6 +367,7 @@ class SpillLog:
                 self._lock_file = None
                 if empty:
                     _rmdir_quietly(self.folder)
+            _rmdir_quietly(self.root)  # only if empty: no other process's folder, no segment
 
 
 def _frames(samples: Sequence[Sample]) -> bytearray:

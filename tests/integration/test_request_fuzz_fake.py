@@ -177,10 +177,14 @@ FAMILIES: list[tuple[str, dict[str, Any]]] = [
     ("completions", {"logprobs": "x"}),
     ("completions", {"logprobs": 2.5}),
     ("completions", {"return_token_ids": []}),
+    ("completions", {"echo": True}),
+    ("completions", {"echo": "yes", "logprobs": 1}),
+    ("completions", {"echo": True, "return_token_ids": True}),
     ("responses", {"include": "message.output_text.logprobs"}),
     ("responses", {"include": [5]}),
     ("responses", {"top_logprobs": "x"}),
     ("responses", {"top_logprobs": 30}),
+    ("responses", {"top_logprobs": 5}),
     ("responses", {"enable_response_messages": "x"}),
     ("responses", {"kv_transfer_params": 5}),
 ]
@@ -214,6 +218,19 @@ def test_the_odd_families_are_refused_and_counted_uncaptured(fake: FakeVLLM) -> 
             assert got[0] == 400
     assert collector.stats.uncaptured_requests == 3
     assert collector.stats.requests == 0
+
+
+def test_echo_is_sent_as_written_and_counted(fake: FakeVLLM) -> None:
+    """`return_token_ids` makes vLLM stop echoing the prompt text: a completions request with
+    `echo` goes out as written (the caller's text starts with its prompt), counted uncaptured."""
+    _, wrapped, recorder = clients(fake, is_async=False)
+    collector = tito.Collector(capture_logprobs=True)
+    collector.wrap(wrapped)
+    with collector.episode() as ep:
+        answer = wrapped.completions.create(**call("completions", {"echo": True}, False))
+    assert answer.choices[0].text.startswith("Once upon a time")
+    assert b"return_token_ids" not in recorder.bodies[0] and b'"logprobs"' not in recorder.bodies[0]
+    assert collector.stats.uncaptured_requests == 1 and ep.calls == []
 
 
 def test_n_written_as_a_float_string_is_captured_as_vllm_serves_it(fake: FakeVLLM) -> None:

@@ -203,12 +203,29 @@ def test_caller_include_is_extended_not_replaced() -> None:
     collector.wrap(client)
     with collector.episode():
         got = client.responses.create(
-            model="m", input="x", include=["reasoning.encrypted_content"], top_logprobs=2
+            model="m", input="x", include=["reasoning.encrypted_content"], top_logprobs=0
         )
     sent = replay.received[0]
     assert sent["include"] == ["reasoning.encrypted_content", "message.output_text.logprobs"]
-    assert sent["top_logprobs"] == 2
+    assert sent["top_logprobs"] == 0
     assert got.top_logprobs == 0  # what the server echoed; capture nulls only what it added
+
+
+def test_no_include_is_added_next_to_a_callers_positive_top_logprobs() -> None:
+    """vLLM checks `top_logprobs` against its `--max-logprobs` only when the output logprobs are
+    included: capture adding the entry next to the caller's 2 could make a server started with
+    a lower limit refuse a request it accepts. The call keeps its exact ids, without logprobs."""
+    replay = Replay([load_capture("real/responses_ns")])
+    client, _ = replay_clients(replay)
+    collector = tito.Collector(capture_logprobs=True)
+    collector.wrap(client)
+    with collector.episode():
+        client.responses.create(
+            model="m", input="x", include=["reasoning.encrypted_content"], top_logprobs=2
+        )
+    sent = replay.received[0]
+    assert sent["include"] == ["reasoning.encrypted_content"]
+    assert sent["top_logprobs"] == 2 and sent["enable_response_messages"] is True
 
 
 def test_responses_opt_out_is_respected() -> None:

@@ -120,3 +120,14 @@ def test_watching_the_client_cancels_the_work_when_it_leaves() -> None:
         assert asyncio.all_tasks() == {asyncio.current_task()}  # no watcher left behind
 
     asyncio.run(scenario())
+
+
+def test_the_start_up_line_never_shows_a_credential() -> None:
+    """`tito-agents serve` prints its upstream and sink: user names and passwords are masked."""
+    from tito_agents.cli.serve import without_credentials
+
+    assert without_credentials("redis://user:pw@h:6379/0?x=1") == "redis://***@h:6379/0?x=1"
+    assert without_credentials("http://u:p@vllm:8000") == "http://***@vllm:8000"
+    assert without_credentials("rediss://:p@w@h") == "rediss://***@h"
+    for plain in ("samples.jsonl", "redis://h:6379?x=a@b", "http://h/a@b"):
+        assert without_credentials(plain) == plain

@@ -186,8 +186,8 @@ class CaptureCore:
         self._logged.add(cause)
         if isinstance(exc, UnreadableRequest):
             logger.warning(
-                "a request to a vLLM host was sent uncaptured: capture cannot read %s (the "
-                "server answers it as without capture; logged once per field)",
+                "a request to a vLLM host was sent uncaptured, as written: %s (the server "
+                "answers it as without capture; logged once per field)",
                 exc,
             )
         else:

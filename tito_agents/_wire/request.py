@@ -150,8 +150,8 @@ class UnreadableRequest(Exception):
     """A field capture reads holds a value it cannot read (`field`: which one): the request is
     sent as the caller wrote it, uncaptured, and the server gives its own answer."""
 
-    def __init__(self, field: str, value: Any = None) -> None:
-        super().__init__(f"{field} = {_shown(value)}")
+    def __init__(self, field: str, value: Any = None, why: str = "") -> None:
+        super().__init__(f"{field} = {_shown(value)}" + (f" ({why})" if why else ""))
         self.field = field
 
 
@@ -219,7 +219,10 @@ def prepare_request(
 
     What capture adds never turns a request the server refuses into one it accepts: `logprobs`
     is not added where the caller set a `top_logprobs` other than 0 (vLLM refuses a positive
-    one without `logprobs`).
+    one without `logprobs`). Nor does it change what the server answers: a completions request
+    with `echo` is sent as written (`UnreadableRequest`), since `return_token_ids` makes vLLM
+    stop echoing the prompt text; with the caller's own ids, no `logprobs` is added to it
+    (echoed logprobs would cover the prompt as well).
     """
     payload = _loads(body)
     if payload is None:
@@ -233,9 +236,14 @@ def prepare_request(
         added["return_token_ids"] = b"true"
     elif ids is not True:
         return None  # the caller turned ids off (false or null): not captured
+    echo = None if chat else lax_bool(payload, "echo")
+    if echo and "return_token_ids" in added:
+        # vLLM (0.10.2 to 0.32) stops echoing the prompt text when ids are asked for: adding
+        # them would change the caller's answer, so the request goes as written
+        raise UnreadableRequest("echo", echo, "ids would stop vLLM echoing the prompt")
     asked = lax_bool(payload, "logprobs") if chat else lax_int(payload, "logprobs")
     top = lax_int(payload, "top_logprobs") if chat else None
-    if capture_logprobs and asked is None and top in (None, 0):
+    if capture_logprobs and asked is None and top in (None, 0) and not echo:
         # chat: a boolean; legacy completions: an int top-k count, 0 = only the sampled token
         added["logprobs"] = b"true" if chat else b"0"
         asked = True if chat else 0
@@ -276,8 +284,6 @@ def prepare_request(
 # prompt ids) and `output_messages[].tokens` (the sampled ids). Rollout logprobs come per output
 # text token with `include: ["message.output_text.logprobs"]` and `top_logprobs: 0`.
 
-_DEFAULT_MAX_LOGPROBS = 20
-"""vLLM's default `--max-logprobs`."""
 RESPONSES_LOGPROBS = "message.output_text.logprobs"
 """The `include` entry that asks the Responses API for the logprobs of the output text."""
 
@@ -288,9 +294,9 @@ def _prepare_responses(
     """`prepare_request` for a Responses body: ids through `enable_response_messages`, logprobs
     through `include` + `top_logprobs`; what the caller set is kept (an explicit
     `enable_response_messages: false` means the call is not captured). Logprobs are asked for
-    only where the caller's `top_logprobs` is unset or within vLLM's default limit: vLLM checks
-    it only when the output logprobs are included, so adding the entry to another value would
-    make the server refuse a request it accepts."""
+    only where the caller's `top_logprobs` is unset or 0: vLLM checks it against the server's
+    `--max-logprobs` only when the output logprobs are included, so adding the entry next to
+    another value could make the server refuse a request it accepts."""
     added: dict[str, bytes] = {}
     wanted = lax_bool(payload, "enable_response_messages")
     if "enable_response_messages" not in payload:
@@ -304,7 +310,7 @@ def _prepare_responses(
     stream = lax_bool(payload, "stream")
     asked = include is not None and RESPONSES_LOGPROBS in include
     added_top = False
-    if capture_logprobs and not asked and (top is None or 0 <= top <= _DEFAULT_MAX_LOGPROBS):
+    if capture_logprobs and not asked and top in (None, 0):
         entry = orjson.dumps(RESPONSES_LOGPROBS)
         if include is None:
             added["include"] = b"[" + entry + b"]"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -116,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     )
     gateway = Gateway(collector, config)
     sys.stderr.write(
-        f"tito-agents serve: http://{args.host}:{args.port} -> {upstream_root(args.upstream)}, "
-        f"samples to {args.sink}\n"
+        f"tito-agents serve: http://{args.host}:{args.port} -> "
+        f"{without_credentials(upstream_root(args.upstream))}, "
+        f"samples to {without_credentials(str(args.sink))}\n"
     )
     try:
         uvicorn.run(
@@ -154,3 +156,12 @@ def control_token(path: Path | None, port: int) -> str:
         handle.write(token + "\n")
     sys.stderr.write(f"tito-agents serve: new control token written to {path} (mode 0600)\n")
     return token
+
+
+def without_credentials(url: str) -> str:
+    """`url` with any user name and password replaced by `***`: the start-up line goes to logs
+    that are kept, and a credential is never written anywhere (`redis://user:secret@host`)."""
+    return _USERINFO.sub(r"\1***@", url, count=1)
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")

@@ -3,7 +3,7 @@ the call when the stream ends or the caller closes it; never buffers what the ca
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import re
 import time
 from typing import Protocol
@@ -27,6 +27,7 @@ _CHAT_END = re.compile(rb"\[DONE\]")
 _RESPONSES_END = re.compile(rb"response\.(?:completed|incomplete|failed)")
 """What a chunk that may end a stream holds (a mark split across chunks only defers the
 recording to the end of the stream or its close)."""
+logger = logging.getLogger(__name__)
 
 
 class Recorder(Protocol):
@@ -58,6 +59,13 @@ def undecodable(encoding: str) -> MalformedResponseError:
         "'identity', and the HTTP client has no decoder for it.",
         fix="make the server or proxy honour accept-encoding: identity for vLLM hosts",
     )
+
+
+def unreadable_stream(exc: Exception) -> MalformedResponseError:
+    """A fault of the stream's decoding that is no `CaptureError` (a shape the parser did not
+    expect): the call is unusable; the caller's stream goes on as the server sent it."""
+    logger.warning("could not parse a captured stream", exc_info=exc)
+    return MalformedResponseError(f"unreadable stream ({exc!r})")
 
 
 def failed_choice(error: CaptureError) -> ParsedChoice:
@@ -153,6 +161,9 @@ class StreamTee:
         except CaptureError as exc:
             self._fail(exc)
             return
+        except Exception as exc:  # never break the caller's iteration: the call is unusable
+            self._fail(unreadable_stream(exc))
+            return
         if self._done:
             self._complete()
 
@@ -193,6 +204,9 @@ class StreamTee:
         except CaptureError as exc:
             self._fail(exc)
             return
+        except Exception as exc:  # never break the caller's iteration: the call is unusable
+            self._fail(unreadable_stream(exc))
+            return
         if not self._done:
             self.close(
                 reason="the stream ended without its final event ([DONE], response.completed)"
@@ -203,7 +217,11 @@ class StreamTee:
     def _complete(self) -> None:
         if self._pending.finished:
             return
-        choices = self._parser.finish_stream()
+        try:
+            choices = self._parser.finish_stream()
+        except Exception as exc:  # never break the caller's iteration: the call is unusable
+            self._fail(unreadable_stream(exc))
+            return
         self._core.record(self._pending, self._parser, choices, self._status, stream=True)
 
     def close(self, reason: str = "the caller closed the stream before it finished") -> None:
@@ -219,13 +237,27 @@ class StreamTee:
         self._decode()  # the complete events held: a broken one fails the call, as at feed
         if self._pending.finished:
             return
-        # a broken event in what is left of an abandoned stream: the stream is incomplete
-        with contextlib.suppress(CaptureError):
+        try:
             self._absorb(self._decoder.flush(complete_lines=True))
+        except CaptureError:
+            pass  # a broken event in what is left of an abandoned stream: it is incomplete
+        except Exception as exc:  # never break the caller's close: the call is unusable
+            self._fail(unreadable_stream(exc))
+            return
         if self._done:
             self._complete()
             return
-        choices = self._parser.finish_stream() or [failed_choice(IncompleteCallError(reason))]
+        try:
+            choices = self._parser.finish_stream()
+        except Exception as exc:  # never break the caller's close: the call is unusable
+            self._fail(unreadable_stream(exc))
+            return
+        # a chunk that arrived malformed makes the call unusable, abandoned or not
+        malformed = [c.error for c in choices if isinstance(c.error, MalformedResponseError)]
+        if malformed:
+            self._fail(malformed[0])
+            return
+        choices = choices or [failed_choice(IncompleteCallError(reason))]
         for choice in choices:
             choice.sampled_ids = None
         self._core.record(

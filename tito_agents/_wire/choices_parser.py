@@ -73,14 +73,20 @@ class _ChoiceAccumulator:
         if isinstance(text, str):
             self.content.append(text)
         for call in delta.get("tool_calls") or []:
-            slot = self.tool_calls.setdefault(call.get("index", 0), {"arguments": []})
+            index = call.get("index", 0)
+            if type(index) is not int:  # the slots are sorted by it in `message`
+                raise MalformedResponseError("a streamed tool call index is not an integer")
+            slot = self.tool_calls.setdefault(index, {"arguments": []})
             if call.get("id"):
                 slot["id"] = call["id"]
             function = call.get("function") or {}
             if function.get("name"):
                 slot["name"] = function["name"]
-            if function.get("arguments"):
-                slot["arguments"].append(function["arguments"])
+            arguments = function.get("arguments")
+            if arguments:
+                if type(arguments) is not str:  # joined in `message`
+                    raise MalformedResponseError("streamed tool call arguments are not a string")
+                slot["arguments"].append(arguments)
 
 
 def _chat_logprobs(logprobs: Any, what: str) -> LogprobArray | None:
@@ -260,6 +266,8 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         if not isinstance(raw, dict):
             raise MalformedResponseError("a choice is not an object")
         index = raw.get("index", 0)
+        if type(index) is not int:
+            raise MalformedResponseError("a choice index is not an integer")
         choice = ParsedChoice(
             index=index,
             prompt_ids=None,
@@ -319,8 +327,14 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                 self.usage_completion_tokens = usage["completion_tokens"]
             return
+        if type(choices) is not list:
+            raise MalformedResponseError("a stream chunk's choices is not a list")
         for raw in choices:
+            if type(raw) is not dict:
+                raise MalformedResponseError("a streamed choice is not an object")
             index = raw.get("index", 0)
+            if type(index) is not int:  # choices are keyed, then sorted, by it
+                raise MalformedResponseError("a streamed choice index is not an integer")
             acc = self._choices.get(index)
             if acc is None:
                 acc = self._choices[index] = _ChoiceAccumulator()

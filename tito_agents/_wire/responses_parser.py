@@ -73,6 +73,16 @@ def _responses_finish(payload: dict[str, Any], tool_calls: list[dict[str, Any]] 
     return "tool_calls" if tool_calls else "stop"
 
 
+def _parts(item: dict[str, Any], key: str) -> list[Any]:
+    """The parts list of an output item (none when absent)."""
+    parts = item.get(key)
+    if parts is None:
+        return []
+    if not isinstance(parts, list):
+        raise MalformedResponseError(f"a response output item's {key} is not a list")
+    return parts
+
+
 def _output_items(
     output: Any, *, want_logprobs: bool
 ) -> tuple[list[dict[str, Any]] | None, list[str] | None, list[float] | None, bool]:
@@ -89,7 +99,7 @@ def _output_items(
             raise MalformedResponseError("a response output item is not an object")
         kind = item.get("type")
         if kind == "message":
-            for part in item.get("content") or ():
+            for part in _parts(item, "content"):
                 entries = part.get("logprobs") if isinstance(part, dict) else None
                 if want_logprobs and entries is not None:
                     try:
@@ -103,7 +113,7 @@ def _output_items(
             tool_calls.append({k: item.get(k) for k in ("call_id", "name", "arguments", "id")})
         elif kind == "reasoning":
             untexted = True
-            parts = [*(item.get("content") or ()), *(item.get("summary") or ())]
+            parts = [*_parts(item, "content"), *_parts(item, "summary")]
             reasoning.append("".join(p.get("text") or "" for p in parts if isinstance(p, dict)))
         else:
             untexted = True
@@ -172,6 +182,8 @@ def parse_responses_body(payload: Any, info: RequestInfo) -> ParsedChoice:
                     raise TokenCountMismatchError(f"{ids.shape[0]} ids but usage.{key} is {count}.")
     except CaptureError as exc:
         choice.error = exc
+    except Exception as exc:  # a shape not expected: the call is unusable, never a raise
+        choice.error = MalformedResponseError(f"unreadable response ({exc!r})")
     return choice
 
 
@@ -186,8 +198,9 @@ def responses_caller_view(payload: dict[str, Any], info: RequestInfo) -> dict[st
         if info.added_top_logprobs and "top_logprobs" in payload:
             payload["top_logprobs"] = None
         for item in payload.get("output") or ():
-            if isinstance(item, dict) and item.get("type") == "message":
-                for part in item.get("content") or ():
+            content = item.get("content") if isinstance(item, dict) else None
+            if item.get("type") == "message" and isinstance(content, list):
+                for part in content:
                     if isinstance(part, dict) and "logprobs" in part:
                         part["logprobs"] = None
     return payload

@@ -3,6 +3,7 @@ errors translated into `SinkError`s that say whether retrying can help."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tito_agents.errors import ConfigurationError, SinkError
@@ -21,6 +22,18 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_STREAM = "tito:samples"
 _SID = b"sid"
 _TRANSIENT_REPLIES = ("OOM", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "BUSY")
+"""Error codes of replies that a later try may not get (a failover, a full Redis, a script or a
+load under way). redis-py turns most into their own classes and drops the code from the message
+(`_TRANSIENT_ERRORS`); the rest (BUSY) stay a `ResponseError` whose message starts with the code,
+behind ``Command # n (...) of pipeline caused error:`` when it came from a pipeline."""
+_TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    redis_errors.OutOfMemoryError,  # OOM: readers free memory as they acknowledge
+    redis_errors.ReadOnlyError,  # READONLY: a replica, until the failover promotes it
+    redis_errors.TryAgainError,  # TRYAGAIN: a cluster slot is being moved
+    redis_errors.ClusterDownError,  # CLUSTERDOWN, and MASTERDOWN (a subclass)
+    redis_errors.BusyLoadingError,  # LOADING (also a ConnectionError)
+)
+_PIPELINE_PREFIX = re.compile(r"^Command # \d+ \(.*?\) of pipeline caused error: ", re.DOTALL)
 
 
 def connect(
@@ -72,6 +85,14 @@ def translate(exc: Exception, what: str) -> SinkError:
     if isinstance(exc, redis_errors.ConnectionError | redis_errors.TimeoutError):
         return SinkError(f"{what}: Redis unreachable: {exc}", retryable=True)
     if isinstance(exc, redis_errors.ResponseError):
-        transient = str(exc).upper().startswith(_TRANSIENT_REPLIES)
-        return SinkError(f"{what}: Redis error: {exc}", retryable=transient)
+        return SinkError(f"{what}: Redis error: {exc}", retryable=transient(exc))
     return SinkError(f"{what}: {type(exc).__name__}: {exc}", retryable=False)
+
+
+def transient(exc: redis_errors.ResponseError) -> bool:
+    """Whether Redis refused `exc`'s command for now only (see `_TRANSIENT_REPLIES`), whether it
+    came from a plain call or from a pipeline (with or without MULTI)."""
+    if isinstance(exc, _TRANSIENT_ERRORS):
+        return True
+    message = _PIPELINE_PREFIX.sub("", str(exc), count=1)
+    return message.upper().startswith(_TRANSIENT_REPLIES)

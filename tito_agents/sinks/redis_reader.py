@@ -106,6 +106,9 @@ class RedisStreamReader:
         self._last_claim = 0.0
         self._draining = False
         self.duplicates_dropped = 0
+        self.acks_without_seen = 0
+        """Samples acknowledged while Redis was out of memory, their ids not kept in the seen set
+        (see `ack`)."""
         self.unreachable_retries = 0
         """Failed tries of `batches` while Redis was unreachable (or answered "try again")."""
         self.outages = 0
@@ -136,14 +139,28 @@ class RedisStreamReader:
             return
         try:
             self.client.xgroup_create(self.stream, self.group, id=self._start_id, mkstream=True)
+        except redis_errors.OutOfMemoryError:
+            if not self._group_exists():  # Redis full refuses XGROUP CREATE even of a group
+                raise  # that exists; reading (and acknowledging) frees memory
         except redis_errors.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
         self._group_ready = True
 
+    def _group_exists(self) -> bool:
+        try:
+            groups: Any = self.client.xinfo_groups(self.stream)
+        except redis_errors.ResponseError:  # no such stream
+            return False
+        names = [g["name"] for g in groups]
+        return any((n.decode() if isinstance(n, bytes) else n) == self.group for n in names)
+
     def _renew_lease(self) -> None:
         if self._lease is not None and time.monotonic() - self._lease_renewed > LEASE_TTL / 4:
-            self._lease.renew()
+            try:
+                self._lease.renew()
+            except redis_errors.OutOfMemoryError:
+                return  # Redis is full: read (and free memory by acknowledging); renew later
             self._lease_renewed = time.monotonic()
 
     def read(self, max_samples: int = 64, timeout: float | None = 1.0) -> list[Sample]:
@@ -191,16 +208,35 @@ class RedisStreamReader:
     def _read_new(self, consumer: str, max_samples: int, timeout: float | None) -> list[Any]:
         """XREADGROUP ">" and, in the same round trip, XPENDING: if Redis counts more entries
         pending for this consumer than it holds, a reply was lost (redis-py retried a read
-        over a new connection, or Redis restarted) and the pending entries are re-read next."""
-        block = 0 if timeout is None else max(1, int(timeout * 1000))
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xreadgroup(self.group, consumer, {self.stream: ">"}, count=max_samples, block=block)
-        pipe.xpending(self.stream, self.group)
-        reply, summary = pipe.execute()
-        entries = list(reply[0][1]) if reply else []
-        if self._own_pending(summary, consumer) > self._held() + len(entries):
-            self._reread_pending()
-        return entries
+        over a new connection, or Redis restarted) and the pending entries are re-read next.
+
+        Each XREADGROUP blocks for at most half the client's socket timeout (`_block_cap`), and
+        longer waits (`timeout` None: forever) are several of them: a healthy Redis with nothing
+        to read answers each in time, so that idleness never reads as an outage."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cap = self._block_cap()
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = left if cap is None else cap if left is None else min(left, cap)
+            block = 0 if wait is None else max(1, int(wait * 1000))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xreadgroup(
+                self.group, consumer, {self.stream: ">"}, count=max_samples, block=block
+            )
+            pipe.xpending(self.stream, self.group)
+            reply, summary = pipe.execute()
+            entries = list(reply[0][1]) if reply else []
+            if self._own_pending(summary, consumer) > self._held() + len(entries):
+                self._reread_pending()
+                return entries
+            if entries or wait == left:  # something came, or this wait reached the deadline
+                return entries
+
+    def _block_cap(self) -> float | None:
+        """The longest one XREADGROUP may block: half the socket timeout of the client's
+        connections (None: they have none), leaving the reply the other half to arrive."""
+        socket_timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout")
+        return None if not socket_timeout else float(socket_timeout) / 2
 
     @staticmethod
     def _own_pending(summary: Any, consumer: str) -> int:
@@ -265,7 +301,15 @@ class RedisStreamReader:
 
     def ack(self, samples: Sequence[Sample | str]) -> int:
         """Acknowledge samples (or sample ids) returned by `read`; returns how many entries were
-        acknowledged. Acknowledged entries are deleted when `delete_acked`."""
+        acknowledged. Acknowledged entries are deleted when `delete_acked`.
+
+        The acknowledgement and the write of the ids to the seen set (`dedupe_ttl`) are one
+        MULTI/EXEC. Redis out of memory (``maxmemory``, ``noeviction``) refuses every command
+        queued in a MULTI, though acknowledging and deleting free memory: then the entries are
+        deleted and acknowledged without MULTI and without the seen-set write (counted in
+        `acks_without_seen`, logged). The cost: a copy of one of these samples (a producer retry)
+        that arrives after this reader is gone is not recognised as a duplicate by a new reader;
+        while this reader lives, its in-memory window (`dedupe_window`) still drops it."""
         ids: list[bytes] = []
         sample_ids: list[str] = []
         for item in samples:
@@ -275,13 +319,18 @@ class RedisStreamReader:
         if not ids:
             return 0
         try:
-            pipe = self.client.pipeline(transaction=True)
-            if self.seen is not None:
-                self.seen.add(pipe, sample_ids)
-            pipe.xack(self.stream, self.group, *ids)
-            if self.delete_acked:
-                pipe.xdel(self.stream, *ids)
-            pipe.execute()
+            try:
+                pipe = self.client.pipeline(transaction=True)
+                if self.seen is not None:
+                    self.seen.add(pipe, sample_ids)
+                pipe.xack(self.stream, self.group, *ids)
+                if self.delete_acked:
+                    pipe.xdel(self.stream, *ids)
+                pipe.execute()
+            except redis_errors.OutOfMemoryError as exc:
+                self._ack_out_of_memory(ids, exc)
+                if self.seen is not None:
+                    self.acks_without_seen += len(sample_ids)
         except redis_errors.RedisError as exc:
             self._reread_pending()
             raise translate(exc, f"XACK {self.stream!r}") from exc
@@ -290,10 +339,24 @@ class RedisStreamReader:
         return len(ids)
 
     def _ack_ids(self, ids: list[bytes]) -> None:
-        pipe = self.client.pipeline(transaction=True)
-        pipe.xack(self.stream, self.group, *ids)
+        try:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.xack(self.stream, self.group, *ids)
+            if self.delete_acked:
+                pipe.xdel(self.stream, *ids)
+            pipe.execute()
+        except redis_errors.OutOfMemoryError as exc:
+            self._ack_out_of_memory(ids, exc)
+
+    def _ack_out_of_memory(self, ids: list[bytes], exc: Exception) -> None:
+        """Acknowledge (and delete) `ids` without MULTI, which Redis refuses when out of memory.
+        XDEL goes first: if only it is applied, the entry stays pending with no fields, and the
+        next read of the pending entries acknowledges it (see `_accept`); nothing is read twice."""
+        logger.warning("%r: Redis out of memory: acknowledging without MULTI: %s", self, exc)
+        pipe = self.client.pipeline(transaction=False)
         if self.delete_acked:
             pipe.xdel(self.stream, *ids)
+        pipe.xack(self.stream, self.group, *ids)
         pipe.execute()
 
     def pending_elsewhere(self) -> int:

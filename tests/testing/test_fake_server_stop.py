@@ -7,7 +7,10 @@ each connection handler cancelled at shutdown, unless the handler ends normally.
 from __future__ import annotations
 
 import logging
+import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -32,3 +35,29 @@ def test_stop_with_open_keep_alive_connections_logs_nothing(
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not errors, [r.getMessage() for r in errors]
     assert server.stats.connections == 3
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_standalone_server_stops_cleanly_on_a_signal_even_started_in_the_background(
+    signum: signal.Signals,
+) -> None:
+    """`python -m tito_agents.testing.fake_vllm` exits 0, silently, on SIGINT or SIGTERM, also when
+    started as a shell's background job (SIGINT ignored at start: Python then installs no
+    KeyboardInterrupt handler, and the old server kept running, which hung CI's install tier)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tito_agents.testing.fake_vllm", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert server.stdout is not None
+        assert " serving at " in server.stdout.readline()
+        server.send_signal(signum)
+        _, stderr = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert server.returncode == 0 and stderr == "", stderr

@@ -37,7 +37,7 @@ Run standalone (serves until killed): `python -m tito_agents.testing.fake_vllm -
 from __future__ import annotations
 
 import argparse
-import contextlib
+import signal
 import threading
 from collections.abc import Sequence
 
@@ -102,7 +102,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         drift_rate=args.drift_rate,
         faults=Faults(latency_ms=args.latency_ms, token_latency_ms=args.token_latency_ms),
     )
+    stop = threading.Event()
+    # SIGINT and SIGTERM both stop it cleanly (exit 0). SIGINT is installed explicitly: a shell
+    # starts background jobs with SIGINT ignored, and Python then installs no handler of its own.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     with FakeVLLMServer(config, host=args.host, port=args.port) as server:
         print(f"fake vLLM 0.32 ({config.model}) serving at {server.base_url}", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            threading.Event().wait()
+        while not stop.wait(0.5):
+            pass

@@ -319,18 +319,8 @@ class RedisStreamReader:
         if not ids:
             return 0
         try:
-            try:
-                pipe = self.client.pipeline(transaction=True)
-                if self.seen is not None:
-                    self.seen.add(pipe, sample_ids)
-                pipe.xack(self.stream, self.group, *ids)
-                if self.delete_acked:
-                    pipe.xdel(self.stream, *ids)
-                pipe.execute()
-            except redis_errors.OutOfMemoryError as exc:
-                self._ack_out_of_memory(ids, exc)
-                if self.seen is not None:
-                    self.acks_without_seen += len(sample_ids)
+            if not self._ack_ids(ids, sample_ids) and self.seen is not None:
+                self.acks_without_seen += len(sample_ids)
         except redis_errors.RedisError as exc:
             self._reread_pending()
             raise translate(exc, f"XACK {self.stream!r}") from exc
@@ -338,15 +328,21 @@ class RedisStreamReader:
             self._entry_ids.pop(sample_id, None)
         return len(ids)
 
-    def _ack_ids(self, ids: list[bytes]) -> None:
+    def _ack_ids(self, ids: list[bytes], sample_ids: list[str] | None = None) -> bool:
+        """XACK (and XDEL) `ids` in one MULTI, with the seen-set write of `sample_ids`; False when
+        Redis was out of memory and they were acknowledged without MULTI and without that write."""
         try:
             pipe = self.client.pipeline(transaction=True)
+            if sample_ids and self.seen is not None:
+                self.seen.add(pipe, sample_ids)
             pipe.xack(self.stream, self.group, *ids)
             if self.delete_acked:
                 pipe.xdel(self.stream, *ids)
             pipe.execute()
         except redis_errors.OutOfMemoryError as exc:
             self._ack_out_of_memory(ids, exc)
+            return False
+        return True
 
     def _ack_out_of_memory(self, ids: list[bytes], exc: Exception) -> None:
         """Acknowledge (and delete) `ids` without MULTI, which Redis refuses when out of memory.

@@ -1,4 +1,5 @@
-"""Docs as tests: every fenced ```python block in README.md and docs/*.md runs as written.
+"""Docs as tests: every fenced ```python block in README.md, docs/*.md and
+integrations/*/README.md runs as written.
 
 Each block runs in its own Python subprocess, in a fresh temporary working directory (and its own
 `TITO_CACHE_DIR`), against one fake vLLM server (`tito_agents.testing.fake_vllm`) started by this
@@ -58,7 +59,11 @@ from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
 pytestmark = pytest.mark.timeout(180)
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "integrations").glob("*/README.md")),
+]
 TIMEOUT_S = 90  # per block; the test's own limit (pytest-timeout) also covers the fake's start
 
 _FENCE = re.compile(r"^\s*```python\s*$")

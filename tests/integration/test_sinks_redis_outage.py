@@ -4,8 +4,8 @@ stream were drained nor loses anything), and it gives up with a typed error only
 separate limit.
 
 Timing decides nothing here: the test drives the outage (kill, restart), waits on the reader's
-counters, and makes the outage long on the reader's clock (`redis_reader._clock`) instead of
-sleeping through it."""
+counters, and makes the outage long on the reader's clock (`_redis_batches._clock`, the clock of
+the `batches` loop) instead of sleeping through it."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ if shutil.which("redis-server") is None:
     )
 
 from tests.integration.test_sinks_redis import drain
-from tito_agents.sinks import redis_reader
+from tito_agents.sinks import _redis_batches
 from tito_agents.sinks.redis_streams import (
     RedisStreamReader,
     RedisStreamSink,
@@ -52,7 +52,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(redis_reader, "_clock", fake)
+    monkeypatch.setattr(_redis_batches, "_clock", fake)
     return fake
 
 

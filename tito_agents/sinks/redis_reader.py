@@ -1,6 +1,7 @@
-"""The consumer side of Redis Streams: a consumer-group reader with ack, stable consumer names,
-re-reads after reconnects, outages waited out (`RedisUnreachableError` past a limit), and dedupe
-by `sample_id` (`RedisSeenSet`, in `dedupe`). See `redis_streams` for the stream layout."""
+"""The consumer side of Redis Streams: a consumer-group reader with ack, stable consumer names
+(`_redis_consumer`), re-reads after reconnects, and dedupe by `sample_id` (`RedisSeenSet`, in
+`dedupe`). `batches` waits out outages (`RedisUnreachableError` past a limit): that loop lives in
+`_redis_batches`. See `redis_streams` for the stream layout."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from tito_agents.errors import ConfigurationError, SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks._optional import missing
+from tito_agents.sinks._redis_batches import BatchLoop, RedisUnreachableError
 from tito_agents.sinks._redis_consumer import LEASE_TTL, ConsumerLease, derived_name
 from tito_agents.sinks.codec import FIELD_META, decode_fields
 from tito_agents.sinks.dedupe import RedisSeenSet, SampleDeduper
@@ -27,19 +29,6 @@ from tito_agents.sinks._redis import DEFAULT_STREAM, DEFAULT_URL, connect, trans
 __all__ = ["RedisSeenSet", "RedisStreamReader", "RedisUnreachableError"]
 
 logger = logging.getLogger("tito_agents.sinks")
-_clock = time.monotonic
-"""The clock of `batches` (idle and outage time); tests replace it to make an outage long."""
-
-
-class RedisUnreachableError(SinkError):
-    """`batches` could not reach Redis for `unreachable_timeout` seconds (`seconds`, over
-    `attempts` tries). Nothing was lost: unread samples stay in the stream, unacknowledged ones
-    pending for this consumer; a reader started again (same name) reads them."""
-
-    def __init__(self, message: str, *, seconds: float, attempts: int) -> None:
-        super().__init__(message, retryable=True)
-        self.seconds = seconds
-        self.attempts = attempts
 
 
 class RedisStreamReader:
@@ -104,16 +93,11 @@ class RedisStreamReader:
         self._pending_cursor: str | None = "0"  # re-read our own unacknowledged entries first
         self._entry_ids: dict[str, list[bytes]] = {}
         self._last_claim = 0.0
-        self._draining = False
+        self._loop = BatchLoop()  # what `batches` keeps between calls (counters, draining)
         self.duplicates_dropped = 0
         self.acks_without_seen = 0
         """Samples acknowledged while Redis was out of memory, their ids not kept in the seen set
         (see `ack`)."""
-        self.unreachable_retries = 0
-        """Failed tries of `batches` while Redis was unreachable (or answered "try again")."""
-        self.outages = 0
-        """Outages `batches` waited out (or raised on): runs of failed tries."""
-        self._outage_tries = 0
         self.rereads = 0
         """How many times this reader went back over its own pending entries after an error or
         a reconnect (entries Redis had delivered in a reply that never arrived)."""
@@ -252,7 +236,7 @@ class RedisStreamReader:
     def _claim_stale(self, consumer: str, max_samples: int) -> list[Any]:
         if self.claim_idle is None:
             return []
-        if not self._draining and time.monotonic() - self._last_claim < self.claim_idle / 2:
+        if not self._loop.draining and time.monotonic() - self._last_claim < self.claim_idle / 2:
             return []
         self._last_claim = time.monotonic()
         reply: Any = self.client.xautoclaim(
@@ -399,71 +383,26 @@ class RedisStreamReader:
         stopping can take up to `claim_idle` longer; a run that ends this way leaves no sample
         unread.
         """
-        idle_since = _clock()
-        down_since: float | None = None
-        previous: list[Sample] = []
-        try:
-            while True:
-                asked = _clock()
-                try:
-                    if auto_ack and previous:
-                        self.ack(previous)
-                        previous = []
-                    batch = self.read(max_samples, timeout=poll)
-                    if down_since is not None:  # idle from the first answer after an outage
-                        self._back_up(down_since)
-                        idle_since, down_since = asked, None
-                    if not batch and (
-                        idle_timeout is not None and _clock() - idle_since >= idle_timeout
-                    ):
-                        if not wait_pending or self.pending_elsewhere() == 0:
-                            return
-                        self._draining = True  # claim on every poll until nothing is pending
-                except SinkError as exc:
-                    if not exc.retryable:
-                        raise
-                    down_since = self._unreachable(exc, down_since, unreachable_timeout)
-                    time.sleep(retry_delay)
-                    continue
-                if batch:
-                    idle_since = _clock()
-                    previous = batch
-                    yield batch
-        finally:
-            self._draining = False
-
-    def _unreachable(self, exc: SinkError, since: float | None, limit: float | None) -> float:
-        """Count and log a failed try of `batches`; raise once Redis has been unreachable for
-        `limit` seconds. Returns when the outage began."""
-        now = _clock()
-        self.unreachable_retries += 1
-        if since is None:
-            since = now
-            self.outages += 1
-            logger.warning(
-                "%r: Redis unreachable, not idle: retrying (for up to %s): %s",
-                self,
-                "ever" if limit is None else f"{limit:g}s",
-                exc,
-            )
-        else:
-            logger.debug("%r: Redis still unreachable after %.1fs: %s", self, now - since, exc)
-        self._outage_tries += 1
-        if limit is not None and now - since >= limit:
-            raise RedisUnreachableError(
-                f"{self!r}: Redis unreachable for {now - since:.1f}s ({self._outage_tries} tries,"
-                f" unreachable_timeout={limit:g}); nothing is lost, unread samples wait in Redis:"
-                f" {exc}",
-                seconds=now - since,
-                attempts=self._outage_tries,
-            ) from exc
-        return since
-
-    def _back_up(self, since: float) -> None:
-        tries, self._outage_tries = self._outage_tries, 0
-        logger.warning(
-            "%r: Redis answers again after %.1fs, %d tries", self, _clock() - since, tries
+        return self._loop.run(
+            self,
+            max_samples,
+            idle_timeout=idle_timeout,
+            auto_ack=auto_ack,
+            poll=poll,
+            retry_delay=retry_delay,
+            wait_pending=wait_pending,
+            unreachable_timeout=unreachable_timeout,
         )
+
+    @property
+    def unreachable_retries(self) -> int:
+        """Failed tries of `batches` while Redis was unreachable (or answered "try again")."""
+        return self._loop.retries
+
+    @property
+    def outages(self) -> int:
+        """Outages `batches` waited out (or raised on): runs of failed tries."""
+        return self._loop.outages
 
     @property
     def unacknowledged(self) -> int:

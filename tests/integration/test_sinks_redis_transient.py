@@ -27,7 +27,7 @@ if shutil.which("redis-server") is None:
 import redis
 import redis.exceptions as redis_errors
 
-from tests.integration.test_sinks_redis import drain, wait_for
+from tests.support.redis_reading import drain, wait_for
 from tito_agents.sinks._redis import translate
 from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
 from tito_agents.sinks.redis_streams import RedisStreamReader, RedisStreamSink

@@ -26,7 +26,7 @@ if shutil.which("redis-server") is None:
         "redis-server not installed (apt-get install redis-server)", allow_module_level=True
     )
 
-from tests.integration.test_sinks_redis import drain
+from tests.support.redis_reading import drain
 from tito_agents.sinks import _redis_batches
 from tito_agents.sinks.redis_streams import (
     RedisStreamReader,

@@ -9,6 +9,9 @@ installed); the samples are never modified and stay unshifted.
     padded = pad_batch(samples, padding_side="right")
     packed = pack_batch(samples, advantages=group_advantages(samples))
 
+Behaviour logprobs (`behaviour_logprobs`): a sampled token's logprob under the distribution the
+engine sampled from (temperature, min-p, top-k, top-p as vLLM applies them).
+
 See docs/converters.md for every field and where each token, mask bit and logprob lands.
 """
 
@@ -30,6 +33,13 @@ from tito_agents.convert.batch import (
     pad_batch,
     pad_split_batch,
 )
+from tito_agents.convert.behaviour import (
+    BehaviourLogprobs,
+    SamplingParams,
+    TokenSampling,
+    behaviour_logprobs,
+    behaviour_logprobs_torch,
+)
 from tito_agents.convert.packing import PackedBatch, pack_batch, pack_batches
 from tito_agents.convert.trl import (
     TrlRolloutSampleFields,
@@ -42,13 +52,18 @@ from tito_agents.convert.verl import VerlBatch, to_agent_loop_outputs, to_verl_b
 
 __all__ = [
     "IGNORE_INDEX",
+    "BehaviourLogprobs",
     "ConversionError",
     "PackedBatch",
     "PaddedBatch",
+    "SamplingParams",
     "ShiftedTargets",
     "SplitBatch",
+    "TokenSampling",
     "TrlRolloutSampleFields",
     "VerlBatch",
+    "behaviour_logprobs",
+    "behaviour_logprobs_torch",
     "check_generation_blocks",
     "group_advantages",
     "group_key",

@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("torch", reason="the trainer check needs torch (tito-agents[trainer-check])")
 pytest.importorskip("transformers", reason="the trainer check needs transformers")
 
-from tests.e2e.conftest import free_port, load_vllm_server_script
+from tests.support.e2e_servers import free_port, load_vllm_server_script
 from tito_agents.trainer_check import LAYOUTS
 
 # round 1, fp32 scoring on the CPU, a GRPO step, a second vLLM's start-up, round 2: 5.5 min on

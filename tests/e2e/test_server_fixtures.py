@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from tests.e2e.conftest import STANDARD, ServerConfig, free_port, paused_alarm
+from tests.support.e2e_servers import STANDARD, ServerConfig, free_port, paused_alarm
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="POSIX interval timers")
 

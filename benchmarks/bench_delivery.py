@@ -8,14 +8,14 @@ trainer processes read the stream through one consumer group, all on the other c
 
 * accept -> consumer latency p50 / p99: each sample carries the wall-clock time `write` was
   called; a consumer subtracts it from the time it read the sample (target: p99 < 1 s);
-* accept -> stored p50 / p99: the same up to the moment `inner.write` returned, i.e. the
-  exporter's own lag (what the consumer adds on top is the consumers' speed, not the producer's);
-* samples spilled (target: none; spilling with a healthy destination means the export thread fell
+* accept -> stored p50 / p99: the same up to the moment `inner.write` returned, i.e. the delivery
+  thread's own lag (what the consumer adds on top is the consumers' speed, not the producer's);
+* samples spilled (target: none; spilling with a healthy destination means the delivery thread fell
   a whole buffer behind: the loss window a producer killed then would have had), `inner.write`
   calls and paced writes;
 * samples/s with `open_sink("redis://...")` vs the same loop writing to a sink that keeps nothing,
   by wall clock and per CPU-second of the producer process (the second is steadier on a shared
-  machine: it is what exporting costs, whatever else runs on the core);
+  machine: it is what delivery costs, whatever else runs on the core);
 * the machine's load average (`os.getloadavg()`) beside each figure.
 
 Usage: python benchmarks/bench_delivery.py [--check] [--seconds S] [--tokens N] [--burn-ms MS]

@@ -10,7 +10,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tito_agents.stats import ExportStats
+from tito_agents.stats import DeliveryStats
 
 
 class ErrorPolicy(enum.Enum):
@@ -110,8 +110,9 @@ class CaptureSettings:
     """Everything a collector is configured with, in one place: `collector.settings`.
 
     One object per collector, shared by every client it wraps (capture reads it on every request)
-    and by its exporter (which reads it at each episode's end), so a change applies from the next
-    request or episode: e.g. `collector.settings.policy_version = "v8"` after a weight update.
+    and by its sample processor (which reads it at each episode's end), so a change applies from
+    the next request or episode: e.g. `collector.settings.policy_version = "v8"` after a weight
+    update.
     A choice (`errors`, `assembly`, ...) may be set to its enum member or its string; it is
     stored as the member (an unknown string raises `ValueError`). Compared and hashed by
     identity: adapters may key their own per-collector state on it.
@@ -203,10 +204,10 @@ class CaptureStats:
     calls the server returned without logprobs for every sampled id)."""
     rescore_failures: int = 0
     """Calls re-scoring could not recover (`Call.rescore_error` says why)."""
-    delivery: ExportStats | None = None
+    delivery: DeliveryStats | None = None
     """What the buffer in front of the sink did after accepting samples (retries, spills,
-    refusals; `tito_agents.stats.ExportStats`, also named `tito_agents.sinks.ExportStats`); None
-    when the sink has no buffer."""
+    refusals; `tito_agents.stats.DeliveryStats`, also named `tito_agents.sinks.DeliveryStats`);
+    None when the sink has no buffer."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

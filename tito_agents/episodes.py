@@ -24,7 +24,6 @@ from tito_agents.calls import Call, CallStatus, count_calls
 from tito_agents.config import CaptureSettings
 from tito_agents.errors import CaptureError, EpisodeNotEndedError
 from tito_agents.samples import Sample, finite_or_none
-from tito_agents.sessions import Session
 
 if TYPE_CHECKING:
     from tito_agents.assembly import Divergence
@@ -229,8 +228,8 @@ class Episode:
         self.outside_episode = settings.outside_episode
         """What the collector does with calls made outside any episode (adapters name it)."""
         self.sessions = sessions
-        """Token-in sessions for this episode: True/False, or None to follow the wrapped client."""
-        self._session_state: dict[str | None, Session] = {}
+        """Token-in sessions for this episode: True/False, or None to follow the wrapped client.
+        The sessions themselves are capture state (`tito_agents._capture.session_store`)."""
         self.episode_id = episode_id or uuid.uuid4().hex
         self.task_id = task_id
         self.group_id = group_id
@@ -289,14 +288,16 @@ class Episode:
         with self._lock:
             return max(self.calls, key=lambda c: (c.seq, c.choice_index), default=None)
 
-    # ---- called by the capture layer ----
+    # ---- called by the capture layer (its `CapturedEpisode` protocol documents them) ----
 
     def _next_seq(self) -> int:
+        """A request is about to be sent: counted in flight; returns its sequence number."""
         with self._lock:
             self._inflight += 1
         return next(self._seq)
 
     def _call_ended(self) -> None:
+        """A request counted by `_next_seq` is no longer in flight."""
         with self._lock:
             self._inflight -= 1
 
@@ -317,16 +318,7 @@ class Episode:
                 added += 1
         return added
 
-    def _session_for(self, agent_name: str | None) -> Session:
-        """The token-in session of one agent in this episode (created on first use)."""
-        with self._lock:
-            session = self._session_state.get(agent_name)
-            if session is None:
-                settings = self._settings
-                session = self._session_state[agent_name] = Session(
-                    end_of_turn_id=settings.end_of_turn_id, verified=settings.verified_tails
-                )
-            return session
+    # ---- called by the export stage (its `EpisodeView` protocol documents them) ----
 
     def _take_calls(self) -> list[Call]:
         """Hand over and forget every call recorded so far (the collector's default episode

@@ -1,28 +1,29 @@
 """Export: the stage after episodes. Ended episodes become samples (assembly) and go to the sink;
 failures are caught, logged once and counted, never thrown into the agent's calls.
 
-The `Exporter` is the `EpisodeProcessor` every episode reports to (as a span processor hears of
-ended spans). Two paths:
+The `SampleProcessor` is the `EpisodeProcessor` every episode reports to, in OpenTelemetry's
+terms a processor: it hears of ended episodes (as a span processor hears of ended spans) and
+enqueues their samples to the sink, which exports them (a `BufferedSink` delivers in a thread of
+its own). Two paths:
 
 * an episode's end (`on_end`, on the thread or event loop that exits it): assemble, count, hand
   the samples to the sink; raise capture errors (and, in the strict mode, a sink failure) there;
 * calls outside any episode (`on_calls` for the default episode, on the request path): only
-  counted and queued there; one export thread assembles and writes them, so neither assembly nor
-  the sink ever runs inside the agent's HTTP call (in batches while they come often:
-  `EXPORT_LINGER_S`).
+  counted and queued there; one ``tito-processor`` thread (`_worker.Worker`) assembles and writes
+  them, so neither assembly nor the sink ever runs inside the agent's HTTP call (in batches while
+  they come often: `EXPORT_LINGER_S`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from tito_agents import rescore
+from tito_agents._worker import Worker, WorkSource
 from tito_agents.assembly import AssemblyOptions, Divergence, EpisodeContext, assemble
 from tito_agents.assembly.call_messages import attach_call_messages
 from tito_agents.calls import Call, CallStatus, count_calls
@@ -38,7 +39,7 @@ RECENT_OUTSIDE_CALLS = 1024
 episode that ends with none of its own."""
 
 EXPORT_LINGER_S = 0.02
-"""While calls outside any episode come more often than this (seconds), the export thread, once
+"""While calls outside any episode come more often than this (seconds), the processor's thread, once
 woken, waits this long for more before it assembles them: one pass and one sink write for all of
 them. Waking a thread costs more CPU than assembling a call (on the gateway, per-call wake-ups
 were about a third of its capture overhead), so a busy agent or gateway pays it once per batch;
@@ -48,12 +49,12 @@ EXPORT_BATCH_CALLS = 256
 """Queued calls that end the wait early (a batch is full)."""
 
 MAX_QUEUED_CALLS = 65536
-"""Calls outside any episode waiting for the export thread; beyond it they are counted as lost
+"""Calls outside any episode waiting for the processor's thread; beyond it they are counted as lost
 (`CaptureStats.lost_samples`) rather than block the agent's call."""
 
 
 class EpisodeCounts(Protocol):
-    """The counters of an episode's report the exporter adds to (`episodes.EpisodeReport`)."""
+    """The counters of an episode's report the processor adds to (`episodes.EpisodeReport`)."""
 
     samples: int
     tokens: int
@@ -93,7 +94,7 @@ class EpisodeView(Protocol):
         ...
 
 
-class Exporter:
+class SampleProcessor:
     """Assembles ended episodes and hands their samples to `sink` (see the module docstring).
 
     settings: the collector's settings; how samples are made (`assembly`, `turn_discount`,
@@ -102,7 +103,7 @@ class Exporter:
     """
 
     def __repr__(self) -> str:
-        return f"Exporter({self.sink!r})"
+        return f"SampleProcessor({self.sink!r})"
 
     def __init__(self, sink: Sink, *, stats: CaptureStats, settings: CaptureSettings) -> None:
         self.sink = sink
@@ -110,30 +111,38 @@ class Exporter:
         self.settings = settings
         self.default_episode: EpisodeView | None = None
         """The collector's episode for calls outside any episode (set once it exists)."""
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._worker: Worker[list[Call]] = Worker(
+            WorkSource(
+                waiting=self._waiting,
+                linger=self._linger_for,
+                take=self._take,
+                finished=self._finished,
+                run=self._run_batch,
+                after_fork=self._reset_after_fork,
+            ),
+            name="tito-processor",
+        )
         self._queue: deque[Call] = deque()
-        """Calls outside any episode (all of `default_episode`) waiting for the export thread."""
+        """Calls outside any episode (all of `default_episode`) waiting for the thread."""
         self._queued_calls = 0
+        """Queued calls and those of the batch being handled."""
         self._recent_outside: deque[tuple[float, str | None]] = deque(maxlen=RECENT_OUTSIDE_CALLS)
         self._busy = False
-        self._idle = False
-        """The export thread waits for work (a new call must wake it; a lingering one must not)."""
-        self._exported_at = float("-inf")
-        """When the export thread last finished a batch (monotonic): it lingers only for calls
-        that come more often than `EXPORT_LINGER_S`, so a lone call is written at once."""
         self._draining = 0
-        """Callers of `drain` waiting now: the export thread does not linger for them."""
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+        """Callers of `drain` waiting now: the thread does not linger for them."""
         self._closing = False
         lifecycle.drain_before_close(self)  # queued calls reach the sink before its last close
+
+    @property
+    def _cond(self) -> threading.Condition:
+        """The lock of the counters and the queue (the worker's: a new one in a forked child)."""
+        return self._worker.cond
 
     # ---- the EpisodeProcessor protocol ----
 
     def on_calls(self, episode: EpisodeView, calls: list[Call], added: int) -> None:
-        """Count recorded calls; calls outside any episode are queued for the export thread."""
-        with self._lock:
+        """Count recorded calls; calls outside any episode are queued for the processor's thread."""
+        with self._cond:
             stats = self.stats
             if added == 0 and episode.closed:
                 stats.late_calls += len(calls)
@@ -160,13 +169,12 @@ class Exporter:
             else:
                 self._queue.extend(taken)
                 self._queued_calls += len(taken)
-                self._start_thread_locked()
-                if self._idle or self._queued_calls >= EXPORT_BATCH_CALLS:
-                    self._cond.notify_all()
+                self._worker.start()
+                self._worker.wake(full=self._queued_calls >= EXPORT_BATCH_CALLS)
                 full = False
         if full:
             logger.error(
-                "%d calls outside any episode dropped: the export queue is full (%d calls) or "
+                "%d calls outside any episode dropped: the processor's queue is full (%d calls) or "
                 "closed; counted in collector.stats.lost_samples",
                 len(taken),
                 MAX_QUEUED_CALLS,
@@ -234,7 +242,7 @@ class Exporter:
     def _close(self, episode: EpisodeView, failed: bool) -> list[Call]:
         """The calls of an ended episode (none when it failed: a failed episode has no samples)."""
         calls = episode._close_calls()
-        with self._lock:
+        with self._cond:
             self.stats.episodes += 1
             if failed:
                 self.stats.failed_episodes += 1
@@ -247,7 +255,7 @@ class Exporter:
     def _report_empty(self, episode: EpisodeView) -> None:
         """An episode that ends with no captured call is never silent: it is counted and logged
         with what capture saw while it was open (calls outside any episode, by agent, or none)."""
-        with self._lock:
+        with self._cond:
             self.stats.empty_episodes += 1
             outside = Counter(a for t, a in self._recent_outside if t >= episode.started_at)
         if episode.empty_advice is not None:
@@ -289,7 +297,7 @@ class Exporter:
     def _count_rescored(self, outcome: tuple[int, list[Call]]) -> None:
         done, calls = outcome
         failures = sum(1 for c in rescore.wanted(calls) if c.rescore_error is not None)
-        with self._lock:
+        with self._cond:
             self.stats.rescored_calls += done
             self.stats.rescore_failures += failures
         if failures:
@@ -307,7 +315,7 @@ class Exporter:
             tokens += sample.num_tokens
             trained += sample.num_trained
         report = episode.report
-        with self._lock:
+        with self._cond:
             report.samples += len(samples)
             report.tokens += tokens
             report.trained_tokens += trained
@@ -327,7 +335,7 @@ class Exporter:
 
     def _sink_failed(self, samples: list[Sample], exc: Exception) -> SinkError:
         """Count and log a failed hand-off once; the error to raise in the strict mode."""
-        with self._lock:
+        with self._cond:
             self.stats.sink_failures += 1
             self.stats.lost_samples += len(samples)
         logger.error(
@@ -343,42 +351,48 @@ class Exporter:
         error.__cause__ = exc
         return error
 
-    # ---- the export thread (calls outside any episode) ----
+    # ---- the processor's thread (calls outside any episode; `_worker.WorkSource`) ----
 
-    def _start_thread_locked(self) -> None:
-        if self._pid != os.getpid():  # a forked child: the parent's thread is not here
-            self._pid, self._thread = os.getpid(), None
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="tito-export", daemon=True)
-            self._thread.start()
+    def _waiting(self) -> int:
+        return len(self._queue)
 
-    def _run(self) -> None:
-        while True:
+    def _linger_for(self, waiting: int) -> float:
+        """Linger only to fill a batch, and never while `drain` or `stop` waits."""
+        if self._closing or self._draining or self._queued_calls >= EXPORT_BATCH_CALLS:
+            return 0.0
+        return EXPORT_LINGER_S
+
+    def _take(self) -> list[Call] | None:
+        if not self._queue:
+            return None
+        calls = list(self._queue)
+        self._queue.clear()
+        self._busy = True
+        return calls
+
+    def _finished(self) -> bool:
+        return self._closing
+
+    def _run_batch(self, calls: list[Call]) -> bool:
+        try:
+            assert self.default_episode is not None  # set before its first call is queued
+            self._export_outside(self.default_episode, calls)
+        finally:
             with self._cond:
-                while not self._queue and not self._closing:
-                    self._idle = True
-                    self._cond.wait()
-                self._idle = False
-                if not self._queue:
-                    return
-                if (
-                    time.monotonic() - self._exported_at < EXPORT_LINGER_S  # calls come often
-                    and not (self._closing or self._draining)
-                    and self._queued_calls < EXPORT_BATCH_CALLS
-                ):
-                    self._cond.wait(EXPORT_LINGER_S)  # later calls join this batch
-                calls = list(self._queue)
-                self._queue.clear()
-                self._busy = True
-            try:
-                assert self.default_episode is not None  # set before its first call is queued
-                self._export_outside(self.default_episode, calls)
-            finally:
-                with self._cond:
-                    self._queued_calls -= len(calls)
-                    self._exported_at = time.monotonic()
-                    self._busy = False
-                    self._cond.notify_all()
+                self._queued_calls -= len(calls)
+                self._worker.batch_done()
+                self._busy = False
+                self._cond.notify_all()
+        return True
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child (the worker has a new lock and no thread): the parent hands over
+        what it had queued; the child starts with an empty queue, drained at its own exit."""
+        self._queue = deque()
+        self._queued_calls = 0
+        self._busy = False
+        self._draining = 0
+        lifecycle.drain_before_close(self)
 
     def _export_outside(self, episode: EpisodeView, calls: list[Call]) -> None:
         if rescore.wanted(calls):
@@ -400,7 +414,7 @@ class Exporter:
         """Wait until every queued call outside an episode is handed to the sink."""
         with self._cond:
             self._draining += 1
-            self._cond.notify_all()  # a lingering export thread goes on at once
+            self._cond.notify_all()  # a lingering thread goes on at once
             try:
                 return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
             finally:
@@ -412,12 +426,12 @@ class Exporter:
         self.sink.flush()
 
     def stop(self) -> None:
-        """Drain the queue and end the export thread (new calls are then counted as lost)."""
+        """Drain the queue and end the processor's thread (new calls are then counted as lost)."""
         self.drain()
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-            thread = self._thread
+            thread = self._worker.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 

@@ -1,15 +1,21 @@
-"""What delivery counts: `ExportStats`, the counters of a `BufferedSink` (retries, spills,
+"""What delivery counts: `DeliveryStats`, the counters of a `BufferedSink` (retries, spills,
 refusals). Plain data importing nothing of the library, so `config.CaptureStats` (which reports
 them as `delivery`) and the sinks that update them share one definition, and no stage imports a
-sink for a counter."""
+sink for a counter.
+
+`ExportStats` is its former name, kept importable (with a `DeprecationWarning`) for code written
+before the export/delivery vocabulary was settled (issue 27)."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
+
+__all__ = ["DeliveryStats"]
 
 
 @dataclass(slots=True)
-class ExportStats:
+class DeliveryStats:
     """What a `BufferedSink` did (read them; the sink updates them)."""
 
     accepted: int = 0
@@ -42,3 +48,15 @@ class ExportStats:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def __getattr__(name: str) -> type[DeliveryStats]:
+    """`ExportStats`: the deprecated name of `DeliveryStats`, with a warning."""
+    if name != "ExportStats":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        "tito_agents.stats.ExportStats is deprecated: use tito_agents.stats.DeliveryStats",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return DeliveryStats

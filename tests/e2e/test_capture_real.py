@@ -15,6 +15,7 @@ import pytest
 import tito_agents as tito
 from tests.rescoring import constrained, rescore_sample
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS, tokenize
+from tito_agents.testing import captured_samples
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +31,7 @@ def check_samples(
     base_url: str, model: str, collector: tito.Collector, calls: list[tito.Call]
 ) -> int:
     """Re-score every sample (grammar-constrained calls left out); returns tokens checked."""
-    samples = collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(collector)
     assert samples
     skip = {c.call_id for c in calls if constrained(c)}
     checked = 0

@@ -16,6 +16,7 @@ from tests.gateway import ServedGateway
 from tests.rescoring import rescore_sample
 from tests.support.real_vllm import MEAN_TOL
 from tito_agents.sinks import MemorySink
+from tito_agents.testing import captured_samples
 
 pytestmark = pytest.mark.e2e
 
@@ -60,7 +61,7 @@ def test_python_and_node_clients_through_the_gateway_give_exact_samples(
     if node_ran:
         assert reports[1]["complete"] == 2 and reports[1]["samples"] == 2
     assert isinstance(collector.sink, MemorySink)
-    samples = collector.sink.samples
+    samples = captured_samples(collector)
     deltas, tokens = [], 0
     for sample in samples:
         scored = rescore_sample(vllm_base_url, vllm_model, sample)

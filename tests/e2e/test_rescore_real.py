@@ -19,6 +19,7 @@ import pytest
 import tito_agents as tito
 from tests.rescoring import constrained, rescore_sample
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS
+from tito_agents.testing import captured_samples
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +66,7 @@ def test_policy_logprobs_match_an_independent_rescoring(
         await client.close()
 
     asyncio.run(run())
-    samples = collector.sink.samples
+    samples = captured_samples(collector)
     stats = collector.stats
     assert stats.complete_calls == 6 and stats.constrained_calls == 4
     assert (stats.rescored_calls, stats.rescore_failures) == (4, 0)
@@ -100,7 +101,7 @@ def test_flag_agrees_with_an_independent_reading_of_the_request(
     calls = asyncio.run(run()).calls
     assert [constrained(c) for c in calls] == [c.constrained is not None for c in calls]
     assert sum(constrained(c) for c in calls) == 2
-    for sample in collector.sink.samples:
+    for sample in captured_samples(collector):
         for span in sample.spans:
             assert span.logprob_source == ("masked" if span.constrained else "policy")
-    assert all(s.policy_logprobs is None for s in collector.sink.samples)
+    assert all(s.policy_logprobs is None for s in captured_samples(collector))

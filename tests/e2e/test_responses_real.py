@@ -22,6 +22,7 @@ import pytest
 import tito_agents as tito
 from tests.rescoring import rescored_logprobs
 from tests.support.real_vllm import ASK, INSTRUCTIONS, MEAN_TOL, RESPONSES_TOOL, TOOLS, tokenize
+from tito_agents.testing import captured_samples
 
 pytestmark = pytest.mark.e2e
 
@@ -69,7 +70,7 @@ def test_non_streaming_call_is_exact_and_the_caller_sees_no_ids(
     assert response.model_extra is not None and response.model_extra["input_messages"] is None
     assert response.output[0].content[0].logprobs is None  # type: ignore[union-attr]
     check_rescored(vllm_base_url, vllm_model, call)
-    assert len(collector.sink.samples) == 1  # type: ignore[attr-defined]
+    assert len(captured_samples(collector)) == 1
 
 
 @pytest.mark.parametrize("seed", [130, 131])
@@ -190,7 +191,7 @@ def test_tool_call_and_multi_turn_with_the_full_input_list(
     if not two.tool_calls:  # a free text answer: its logprobs are the policy's own
         check_rescored(vllm_base_url, vllm_model, two)
     assert second.id in two.call_id
-    samples = collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(collector)
     trained = sum(int(s.loss_mask.sum()) for s in samples)
     assert trained == one.num_sampled + two.num_sampled, samples
 
@@ -239,7 +240,7 @@ def test_a_stream_without_logprobs_is_rescored(vllm_base_url: str, vllm_model: s
     assert streamed.rescore_error is None
     mean = float(np.abs(streamed.policy_logprobs - plain.logprobs).mean())
     assert mean <= MEAN_TOL, mean
-    samples = {s.call_ids[0]: s for s in collector.sink.samples}  # type: ignore[attr-defined]
+    samples = {s.call_ids[0]: s for s in captured_samples(collector)}
     assert samples[streamed.call_id].spans[0].logprob_source == "rescored"
     assert samples[plain.call_id].spans[0].logprob_source == "policy"
     assert collector.stats.rescored_calls == 1

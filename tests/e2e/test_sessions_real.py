@@ -18,6 +18,7 @@ import pytest
 import tito_agents as tito
 from tests.rescoring import constrained, rescore_sample
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS
+from tito_agents.testing import captured_samples
 from tito_agents.testing.smollm2 import load_tokenizer
 
 pytestmark = pytest.mark.e2e
@@ -91,7 +92,7 @@ def test_without_sessions_merged_samples_split_but_stay_exact(
     """Re-rendered history breaks the prefix; samples split at the rewrite points and every
     sampled token is still trained once, on the engine's ids, with matching logprobs."""
     collector, eps = run(vllm_base_url, vllm_model, sessions=False, episodes=2)
-    samples = collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(collector)
     calls = [c for ep in eps for c in ep.calls]
     trained = sum(int(s.loss_mask.sum()) for s in samples)
     assert trained == sum(c.num_sampled for c in calls)
@@ -109,7 +110,7 @@ def test_with_sessions_each_episode_is_one_exact_sample(
     """Token-in sessions: one sample per episode, token for token the engine's prompt deltas and
     sampled ids, logprobs reproduced by re-scoring."""
     collector, eps = run(vllm_base_url, vllm_model, sessions=True, episodes=2)
-    samples = collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(collector)
     assert sorted(s.episode_id for s in samples) == sorted(ep.episode_id for ep in eps)
     by_episode = {s.episode_id: s for s in samples}
     for ep in eps:

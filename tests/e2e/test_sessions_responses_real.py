@@ -20,6 +20,7 @@ import tito_agents as tito
 from tests.rescoring import rescore_sample
 from tests.support.real_vllm import ASK, INSTRUCTIONS, MAX_TOL, MEAN_TOL, TOOLS, tokenize
 from tests.support.real_vllm import RESPONSES_TOOL as TOOL
+from tito_agents.testing import captured_samples
 from tito_agents.testing.smollm2 import load_tokenizer
 
 CHAT_TOOL = TOOLS[0]  # the same tool in the chat shape
@@ -97,7 +98,7 @@ def test_responses_session_is_token_in_and_one_exact_sample(
     delta = calls[1].prompt_ids[calls[0].prompt_ids.shape[0] + calls[0].sampled_ids.shape[0] :]
     rendered = tokenize(vllm_base_url, chat, [CHAT_TOOL])
     assert delta.shape[0] > 0 and rendered[-delta.shape[0] :] == delta.tolist()
-    (sample,) = collector.sink.samples  # type: ignore[attr-defined]
+    (sample,) = captured_samples(collector)
     assert ep.divergences == []
     assert np.array_equal(
         sample.token_ids, np.concatenate((calls[-1].prompt_ids, calls[-1].sampled_ids))

@@ -28,13 +28,15 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.e2e.conftest import ServerConfig, VllmServers
 from tests.rescoring import constrained, rescore_sample
+from tests.support.e2e_servers import ServerConfig, VllmServers
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS
 from tito_agents.calls import SessionNote
 from tito_agents.cli._audit_cases import AuditCase
 from tito_agents.cli._render import load_renderer
 from tito_agents.cli.audit import audit_template
+from tito_agents.sessions import FallbackReason
+from tito_agents.testing import captured_samples
 from tito_agents.testing.smollm2 import tokenizer_dir
 
 pytestmark = pytest.mark.e2e
@@ -53,7 +55,7 @@ EXPECTED: dict[str, set[str]] = {
 }
 # the session's fallback reason for each kind of audit finding
 REASONS = {
-    "token_boundary": "not one token of the served tokenizer",
+    "token_boundary": FallbackReason.END_OF_TURN_NOT_ONE_TOKEN,
     "re-renders": "renders the previous assistant turn differently",
 }
 APPENDS = (  # the appends an episode makes: a tool result after a tool call, a user turn
@@ -144,7 +146,7 @@ def run(
     client = collector.wrap(openai.OpenAI(base_url=base_url, api_key="EMPTY"), sessions=sessions)
     with client, collector.episode("ep") as ep:
         episode(client, model, template, seed=7)
-    return ep, list(collector.sink.samples)  # type: ignore[attr-defined]
+    return ep, captured_samples(collector)
 
 
 def check_exact(base_url: str, model: str, ep: tito.Episode, samples: list[tito.Sample]) -> None:

@@ -8,6 +8,7 @@ import random
 import openai
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 
@@ -62,7 +63,7 @@ async def test_thousand_concurrent_episodes_never_mix(fake_server: FakeVLLMServe
                 misattributed += 1
             assert call.status is tito.CallStatus.COMPLETE
     assert misattributed == 0
-    samples = collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(collector)
     assert len(samples) == sum(len(ep.calls) for ep in episodes)
     assert all(s.reward == float(s.episode_id.removeprefix("ep-")) for s in samples)
     assert collector.stats.complete_calls == len(samples)

@@ -17,6 +17,7 @@ import pytest
 import tito_agents as tito
 from tests.gateway import RecordingUpstream, ServedGateway, vllm_error, wait_for
 from tito_agents.sinks import MemorySink
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import MODEL_NAME
 
 MSG = [{"role": "user", "content": "Say something."}]
@@ -41,10 +42,8 @@ def served(upstream: RecordingUpstream) -> Iterator[ServedGateway]:
 
 
 def samples_of(collector: tito.Collector) -> list[Any]:
-    sink = collector.sink
-    assert isinstance(sink, MemorySink)
     collector.flush()
-    return list(sink.samples)
+    return captured_samples(collector)
 
 
 def test_client_gone_while_waiting_cancels_upstream_and_writes_nothing(

@@ -18,6 +18,7 @@ import pytest
 import tito_agents as tito
 from tests.gateway import ServedGateway
 from tito_agents.sinks import MemorySink
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import MODEL_NAME, FakeConfig, FakeVLLMServer
 from tito_agents.testing.smollm2 import EOS_ID, load_tokenizer
 
@@ -85,9 +86,9 @@ def test_llm_cli_through_the_gateway_gives_exact_samples(
     assert (report["calls"], report["complete"], report["samples"]) == (2, 2, 2)
     assert isinstance(collector.sink, MemorySink)
     tokenizer = load_tokenizer()
-    samples = sorted(collector.sink.samples, key=lambda s: s.spans[0].start)
+    samples = sorted(captured_samples(collector), key=lambda s: s.spans[0].start)
     texts = []
-    for sample in sorted(collector.sink.samples, key=lambda s: len(s.token_ids)):
+    for sample in sorted(captured_samples(collector), key=lambda s: len(s.token_ids)):
         span = sample.spans[0]
         sampled = sample.token_ids[span.start : span.end].tolist()
         assert sampled[-1] == EOS_ID

@@ -10,6 +10,7 @@ import pytest
 import tito_agents as tito
 from tests.gateway import ServedGateway, run_node
 from tito_agents.sinks import MemorySink
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import MODEL_NAME, FakeConfig, FakeVLLMServer
 
 
@@ -29,7 +30,7 @@ def test_node_openai_client_json_and_stream_exact(fake: FakeVLLMServer) -> None:
     collector.close()
     assert (report["calls"], report["complete"], report["samples"]) == (2, 2, 2)
     assert isinstance(collector.sink, MemorySink)
-    samples = {s.call_ids[0]: s for s in collector.sink.samples}
+    samples = {s.call_ids[0]: s for s in captured_samples(collector)}
     for kind in ("json", "stream"):
         call = seen[kind]
         sample = samples[f"{call['id']}/0"]

@@ -7,6 +7,7 @@ import httpx
 import openai
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 from tito_agents.testing.smollm2 import MODEL_NAME
 
 
@@ -28,7 +29,7 @@ def test_record_messages_writes_each_calls_request_into_its_samples() -> None:
         )
         with collector.episode():
             client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4)
-        (sample,) = collector.sink.samples
+        (sample,) = captured_samples(collector)
         if record:
             (request,) = sample.metadata["call_messages"].values()
             assert request["messages"] == messages

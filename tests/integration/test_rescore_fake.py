@@ -20,6 +20,7 @@ import pytest
 
 import tito_agents as tito
 from tests.support.rescore_fake import rescore_independently
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer, RequestView
 from tito_agents.testing.smollm2 import MODEL_NAME
 
@@ -80,7 +81,7 @@ def run_episode(client: openai.OpenAI, collector: tito.Collector, forced: Any) -
 def test_constrained_spans_are_flagged_and_rescored(server: FakeVLLMServer, forced: Any) -> None:
     collector = tito.Collector(capture_logprobs=True, rescore_constrained=True)
     run_episode(client_for(server, collector), collector, forced)
-    forced_sample, free_sample = collector.sink.samples
+    forced_sample, free_sample = captured_samples(collector)
     kind = "tool_choice=required" if forced == "required" else "tool_choice=named"
 
     (span,) = forced_sample.spans
@@ -105,7 +106,7 @@ def test_constrained_spans_are_flagged_and_rescored(server: FakeVLLMServer, forc
 def test_without_rescoring_the_masked_span_says_so(server: FakeVLLMServer) -> None:
     collector = tito.Collector(capture_logprobs=True)
     run_episode(client_for(server, collector), collector, "required")
-    forced_sample = collector.sink.samples[0]
+    forced_sample = captured_samples(collector)[0]
     (span,) = forced_sample.spans
     assert (span.constrained, span.logprob_source) == ("tool_choice=required", "masked")
     assert forced_sample.policy_logprobs is None
@@ -122,7 +123,7 @@ def test_rescoring_sends_one_batched_request_per_episode(server: FakeVLLMServer)
         seen.append(collector.stats.rescored_calls)  # nothing re-scored during the episode
     assert seen == [0]
     assert collector.stats.rescored_calls == 3
-    assert all(s.spans[0].logprob_source == "rescored" for s in collector.sink.samples)
+    assert all(s.spans[0].logprob_source == "rescored" for s in captured_samples(collector))
 
 
 def test_a_server_that_cannot_rescore_leaves_the_flag_and_a_reason() -> None:
@@ -133,7 +134,7 @@ def test_a_server_that_cannot_rescore_leaves_the_flag_and_a_reason() -> None:
         episode.__enter__()
         forced_call(client)
     episode.__exit__(None, None, None)  # the server is down when the episode ends
-    (sample,) = collector.sink.samples
+    (sample,) = captured_samples(collector)
     (span,) = sample.spans
     assert span.constrained == "tool_choice=required"
     assert span.logprob_source == "masked"
@@ -152,7 +153,7 @@ def test_a_refused_batch_is_retried_call_by_call(server: FakeVLLMServer) -> None
             forced_call(client)
         episode.calls[0].sampled_ids = episode.calls[0].sampled_ids.copy()
         episode.calls[0].sampled_ids[0] = 10**8  # out of the vocabulary: refused with HTTP 400
-    bad, good = collector.sink.samples
+    bad, good = captured_samples(collector)
     assert bad.spans[0].logprob_source == "masked"
     assert "HTTP 400" in (bad.spans[0].rescore_error or "")
     assert good.spans[0].logprob_source == "rescored"
@@ -179,7 +180,7 @@ def test_async_episode_rescores_on_the_event_loop(server: FakeVLLMServer) -> Non
 
     asyncio.run(main())
     assert collector.stats.rescored_calls == 4
-    for sample in collector.sink.samples:
+    for sample in captured_samples(collector):
         policy = rescore_independently(server, sample)
         trained = sample.loss_mask == 1
         assert sample.policy_logprobs is not None

@@ -16,6 +16,7 @@ import pytest
 import tito_agents as tito
 from tests.support.rescore_fake import rescore_independently
 from tests.support.sessions_fake import responder
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 
@@ -73,7 +74,7 @@ def client_for(server: FakeVLLMServer, collector: tito.Collector) -> openai.Open
 def test_calls_without_logprobs_are_rescored_and_flagged(server: FakeVLLMServer) -> None:
     collector = collector_for(rescore=True)
     episode = tool_episode(client_for(server, collector), collector)
-    (sample,) = collector.sink.samples  # one merged sample: the session kept the prefix
+    (sample,) = captured_samples(collector)  # one merged sample: the session kept the prefix
     tool_span, text_span = sample.spans
     # the function-call turn came back without logprobs: re-scored, flagged, not filled in
     assert (tool_span.constrained, tool_span.logprob_source, tool_span.rescore_error) == (
@@ -108,7 +109,7 @@ def test_text_span_keeps_its_rollout_logprobs(server: FakeVLLMServer) -> None:
     (call,) = ep.calls
     assert call.logprobs is not None and call.policy_logprobs is None
     assert collector.stats.rescored_calls == 0
-    (sample,) = collector.sink.samples
+    (sample,) = captured_samples(collector)
     assert sample.spans[0].logprob_source == "policy" and sample.policy_logprobs is None
 
 
@@ -117,7 +118,7 @@ def test_streamed_calls_without_logprobs_are_rescored(server: FakeVLLMServer) ->
     re-scored like a function call."""
     collector = collector_for(rescore=True)
     tool_episode(client_for(server, collector), collector, stream=True)
-    (sample,) = collector.sink.samples
+    (sample,) = captured_samples(collector)
     assert [s.logprob_source for s in sample.spans] == ["rescored", "rescored"]
     assert sample.policy_logprobs is not None
     trained = sample.loss_mask == 1
@@ -129,7 +130,7 @@ def test_streamed_calls_without_logprobs_are_rescored(server: FakeVLLMServer) ->
 def test_without_rescoring_missing_logprobs_stay_missing(server: FakeVLLMServer) -> None:
     collector = collector_for(rescore=False)
     tool_episode(client_for(server, collector), collector)
-    (sample,) = collector.sink.samples
+    (sample,) = captured_samples(collector)
     assert [s.logprob_source for s in sample.spans] == [None, "policy"]
     assert sample.logprobs is None and sample.policy_logprobs is None
     assert sample.ratio_logprobs() is None
@@ -140,7 +141,7 @@ def test_calls_that_asked_for_no_logprobs_are_not_rescored(server: FakeVLLMServe
     collector = tito.Collector(rescore_constrained=True)
     tool_episode(client_for(server, collector), collector)
     assert collector.stats.rescored_calls == 0
-    assert all(s.logprob_source is None for s in collector.sink.samples[0].spans)
+    assert all(s.logprob_source is None for s in captured_samples(collector)[0].spans)
 
 
 def test_a_server_that_cannot_rescore_leaves_a_reason() -> None:
@@ -151,7 +152,7 @@ def test_a_server_that_cannot_rescore_leaves_a_reason() -> None:
         episode.__enter__()
         client.responses.create(model=MODEL_NAME, input="Weather in Paris?", tools=[TOOL])
     episode.__exit__(None, None, None)  # the server is down when the episode ends
-    (sample,) = collector.sink.samples
+    (sample,) = captured_samples(collector)
     (span,) = sample.spans
     assert span.logprob_source is None
     assert span.rescore_error is not None and "request failed" in span.rescore_error

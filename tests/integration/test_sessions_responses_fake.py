@@ -16,6 +16,8 @@ import pytest
 import tito_agents as tito
 from tests.support.sessions_fake import Hook, extends, make_client, responder
 from tito_agents.calls import Endpoint, SessionNote
+from tito_agents.sessions import FallbackReason
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeResponse, FakeVLLM
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 
@@ -94,7 +96,7 @@ def test_responses_episode_merges_into_one_exact_sample(drift_fake: FakeVLLM) ->
         client = make_client(drift_fake, collector, sessions=sessions)
         with collector.episode() as ep:
             responses_loop(client)
-        samples = collector.sink.samples  # type: ignore[attr-defined]
+        samples = captured_samples(collector)
         if expected is None:
             assert len(samples) > 1
             continue
@@ -143,7 +145,7 @@ def test_rewritten_responses_history_falls_back(drift_fake: FakeVLLM) -> None:
         )
     for call in ep.calls[1:]:
         assert call.session == SessionNote.FALLBACK
-        assert "not append-only" in (call.session_reason or "")
+        assert FallbackReason.of(call.session_reason) is FallbackReason.NOT_APPEND_ONLY
 
 
 def store_hook(stored: dict[str, list[Any]]) -> Hook:
@@ -178,7 +180,8 @@ def test_previous_response_id_falls_back_with_the_reason(drift_fake: FakeVLLM) -
     second = ep.calls[1]
     assert second.status is tito.CallStatus.COMPLETE
     assert second.session == SessionNote.FALLBACK
-    assert "previous_response_id" in (second.session_reason or "")
+    assert FallbackReason.of(second.session_reason) is FallbackReason.NOT_A_CHAT_CONVERSATION
+    assert "previous_response_id" in (second.session_reason or "")  # says which field
 
 
 def test_server_ignoring_the_token_prompt_on_responses_is_detected(drift_fake: FakeVLLM) -> None:
@@ -199,8 +202,11 @@ def test_server_ignoring_the_token_prompt_on_responses_is_detected(drift_fake: F
         items.append({"role": "user", "content": "Thanks. And tomorrow?"})
         client.responses.create(model=MODEL_NAME, instructions=INSTRUCTIONS, input=items)
     assert ep.calls[1].session == SessionNote.FALLBACK
-    assert "ignored the token prompt" in (ep.calls[1].session_reason or "")
-    assert "ignores kv_transfer_params" in (ep.calls[2].session_reason or "")
+    reasons = [FallbackReason.of(c.session_reason) for c in ep.calls[1:3]]
+    assert reasons == [
+        FallbackReason.TOKEN_PROMPT_IGNORED,
+        FallbackReason.SERVER_IGNORES_TOKEN_PROMPT,
+    ]
     assert all(c.status is tito.CallStatus.COMPLETE for c in ep.calls)
 
 
@@ -217,6 +223,7 @@ def test_items_the_conversion_does_not_cover_fall_back(drift_fake: FakeVLLM) -> 
         )
     assert response.output
     (call,) = ep.calls
+    assert FallbackReason.of(call.session_reason) is FallbackReason.NOT_A_CHAT_CONVERSATION
     assert call.session == SessionNote.FALLBACK and "custom tool" in (call.session_reason or "")
 
 

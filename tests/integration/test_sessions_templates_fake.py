@@ -16,6 +16,8 @@ import pytest
 import tito_agents as tito
 from tests.support.sessions_fake import extends, make_client, recording_hook
 from tito_agents.calls import SessionNote
+from tito_agents.sessions import FallbackReason
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 
@@ -118,12 +120,12 @@ def test_given_end_of_turn_overrides_the_template() -> None:
 @pytest.mark.parametrize(
     ("template", "reason"),
     [
-        (NO_END, "writes no end-of-turn token after an assistant turn"),
-        (TEXT_MARKER, "not one token of the served tokenizer"),
+        (NO_END, FallbackReason.NO_END_OF_TURN_TOKEN),
+        (TEXT_MARKER, FallbackReason.END_OF_TURN_NOT_ONE_TOKEN),
     ],
 )
 def test_templates_without_a_usable_end_of_turn_token_fall_back_saying_so(
-    template: str, reason: str
+    template: str, reason: FallbackReason
 ) -> None:
     """A template that ends no turn with a token, or whose marker is text to the served
     tokenizer, cannot be cut exactly: every append falls back with that reason, and stays exact."""
@@ -131,7 +133,7 @@ def test_templates_without_a_usable_end_of_turn_token_fall_back_saying_so(
     ep = chat(fake_with(template), collector)
     for call in ep.calls[1:]:
         assert call.session == SessionNote.FALLBACK
-        assert reason in (call.session_reason or "")
+        assert FallbackReason.of(call.session_reason) is reason
     assert all(c.status is tito.CallStatus.COMPLETE for c in ep.calls)
 
 
@@ -144,7 +146,7 @@ def test_a_cut_before_the_previous_turn_is_refused() -> None:
     ep = chat(fake_with(FINAL_UNTERMINATED), collector)
     for call in ep.calls[1:]:
         assert call.session == SessionNote.FALLBACK
-        assert "end-of-turn tokens up to the previous assistant turn" in (call.session_reason or "")
+        assert FallbackReason.of(call.session_reason) is FallbackReason.TURN_COUNT_MISMATCH
 
 
 def test_template_that_re_renders_history_falls_back_with_where_and_the_fix() -> None:
@@ -155,7 +157,8 @@ def test_template_that_re_renders_history_falls_back_with_where_and_the_fix() ->
     ep = chat(fake_with(DROPS_PAST), collector, asks=asks, questions=("A?", "B?", "C?", "D?"))
     reasons = [c.session_reason or "" for c in ep.calls[1:]]
     assert all(c.session == SessionNote.FALLBACK for c in ep.calls[1:])
-    assert "does not preserve the prefix when appending [user]" in reasons[0]
+    assert FallbackReason.of(reasons[0]) is FallbackReason.PREFIX_NOT_PRESERVED
+    assert "when appending [user]" in reasons[0]
     assert "previous assistant turn differently" in reasons[0]
     assert "qwen3_training.jinja" in reasons[0] and "session_history='sampled'" in reasons[0]
     assert len(set(reasons)) == 1
@@ -178,7 +181,7 @@ def test_sampled_history_keeps_the_sampled_tokens_and_renders_only_the_new_messa
         delta = tok.decode(call.prompt_ids[head:].tolist())
         question = call.messages[-1]["content"] if call.messages else None
         assert delta == f"\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-    assert len(collector.sink.samples) == 1  # type: ignore[attr-defined]
+    assert len(captured_samples(collector)) == 1
 
 
 def test_sampled_history_changes_nothing_where_the_template_preserves_the_prefix() -> None:

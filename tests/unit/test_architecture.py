@@ -88,7 +88,7 @@ def test_stages_do_not_know_the_collector() -> None:
 
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("tools", ("cli", "convert", "trainer_check", "gateway")),
+    ("tools", ("cli", "convert", "trainer_check", "gateway", "rl")),
     ("user API and wiring", ("", "collector", "integration")),
     ("capture", ("_wire", "_capture", "_flow", "_transport", "sessions")),
     ("episodes", ("episodes",)),
@@ -97,18 +97,23 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sinks", ("sinks",)),
     (
         "records",
-        ("config", "stats", "calls", "samples", "errors", "token_codec", "_paths", "_speedups"),
+        (
+            "config",
+            "stats",
+            "calls",
+            "samples",
+            "sampling",
+            "errors",
+            "token_codec",
+            "_paths",
+            "_speedups",
+            "_worker",
+        ),
     ),
 )
 """Top to bottom (docs/architecture.md): a module imports modules of its own layer or of layers
 below it, never above. The records are plain data and leaf helpers every layer shares (importing
 nothing above them); "" is the package itself (`tito_agents/__init__.py`, the user API)."""
-
-KNOWN_UPWARD_IMPORTS = {
-    # issue 27 item 1: session state moves to capture (an Episode still holds its token-in
-    # sessions' state, `sessions.Session`, while the capture layer is being reworked).
-    ("tito_agents.episodes", "tito_agents.sessions"),
-}
 
 TEST_PACKAGE = "tito_agents.testing"
 
@@ -141,7 +146,7 @@ def test_every_library_module_has_a_layer() -> None:
 
 def test_layers_import_only_their_own_layer_or_below() -> None:
     """capture -> episodes -> export -> assembly -> sinks, tools above them all: a stage knows the
-    next one, never the one before it (except the known, listed violation)."""
+    next one, never the one before it (an episode holds no token-in session state: capture does)."""
     modules = _modules()
     upward = set()
     for name, path in _library().items():
@@ -151,12 +156,71 @@ def test_layers_import_only_their_own_layer_or_below() -> None:
             target_layer = _layer_of(target)
             if target_layer is not None and target_layer < layer:
                 upward.add((name, target))
-    found = sorted(upward - KNOWN_UPWARD_IMPORTS)
-    assert found == [], "imports of a layer above: " + "; ".join(
+    assert sorted(upward) == [], "imports of a layer above: " + "; ".join(
         f"{a} ({LAYERS[_layer_of(a) or 0][0]}) -> {b} ({LAYERS[_layer_of(b) or 0][0]})"
-        for a, b in found
+        for a, b in sorted(upward)
     )
-    assert upward >= KNOWN_UPWARD_IMPORTS, "a listed exception is fixed: remove it from the list"
+
+
+def _protocol_members(modules: dict[str, Path]) -> set[str]:
+    """The names every `Protocol` class of the library declares (methods and attributes)."""
+    names: set[str] = set()
+    for path in modules.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = {ast.unparse(base) for base in node.bases}
+            if not bases & {"Protocol", "typing.Protocol"}:
+                continue
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+    return names
+
+
+def test_what_stages_call_on_an_episode_is_a_named_protocol() -> None:
+    """No hidden second interface: every underscored method of `Episode` that another module
+    calls is declared by a protocol (capture's `CapturedEpisode`, export's `EpisodeView`), where
+    its contract is written."""
+    library = _library()
+    source = library["tito_agents.episodes"].read_text()
+    (episode,) = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ClassDef) and node.name == "Episode"
+    ]
+    own = {  # what Episode calls on itself is its own business, not an interface
+        node.attr
+        for node in ast.walk(episode)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
+    private = {
+        item.name
+        for item in episode.body
+        if isinstance(item, ast.FunctionDef)
+        and item.name.startswith("_")
+        and not item.name.startswith("__")
+        and item.name not in own
+    }
+    declared = _protocol_members(library)
+    called = set()
+    for name, path in library.items():
+        if name == "tito_agents.episodes":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in private
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                called.add((name, node.attr))
+    assert called, "the check found no call into an episode: it no longer sees them"
+    hidden = sorted(f"{name} calls Episode.{attr}" for name, attr in called if attr not in declared)
+    assert hidden == [], "; ".join(hidden)
 
 
 def test_library_never_imports_the_test_package() -> None:

@@ -9,6 +9,7 @@ import tito_agents as tito
 from tests.captures import MSG, Capture, Replay, load_capture, replay_clients, run_sync
 from tests.factories import make_call
 from tito_agents.calls import CallCounts, CallStatus, count_calls
+from tito_agents.testing import captured_samples
 
 
 def _collector(cap: Capture) -> tuple[tito.Collector, Any]:
@@ -40,7 +41,7 @@ def test_a_call_in_flight_at_the_episode_end_is_in_flight_then_late() -> None:
     assert chunks and ep.inflight == 0 and ep.calls == []
     stats = collector.stats
     assert (stats.late_calls, stats.complete_calls, stats.incomplete_calls) == (1, 0, 0)
-    assert collector.sink.samples == []  # type: ignore[attr-defined]
+    assert captured_samples(collector) == []
 
 
 def test_a_stream_cut_mid_way_is_incomplete_everywhere() -> None:

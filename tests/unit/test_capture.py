@@ -22,6 +22,7 @@ from tests.captures import (
     run_sync,
     split_request,
 )
+from tito_agents.testing import captured_samples
 
 ID_CAPTURES = [
     "chat_ns",
@@ -114,7 +115,7 @@ def test_sync_capture_matches_server_ids(name: str) -> None:
         assert call.prompt_ids.tolist() == prompt
         assert call.sampled_ids.tolist() == sampled
         assert call.stream is cap.is_stream
-    assert len(collector.sink.samples) == len(want)  # type: ignore[attr-defined]
+    assert len(captured_samples(collector)) == len(want)
 
 
 @pytest.mark.parametrize("name", ID_CAPTURES)
@@ -174,7 +175,7 @@ def test_logprobs_are_captured_and_aligned() -> None:
     want = [e["logprob"] for e in body["choices"][0]["logprobs"]["content"]]
     assert call.logprobs is not None
     assert call.logprobs.tolist() == pytest.approx(want, rel=1e-6)
-    sample = collector.sink.samples[0]  # type: ignore[attr-defined]
+    sample = captured_samples(collector)[0]
     n_prompt = len(body["prompt_token_ids"])
     assert sample.logprobs[:n_prompt].tolist() == [0.0] * n_prompt
     assert sample.logprobs[n_prompt:].tolist() == pytest.approx(want, rel=1e-6)
@@ -255,7 +256,7 @@ def test_retried_request_yields_one_call() -> None:
     assert len(replay.received) == 3
     assert len(ep.calls) == 1
     assert collector.stats.failed_attempts == 2
-    assert len(collector.sink.samples) == 1  # type: ignore[attr-defined]
+    assert len(captured_samples(collector)) == 1
 
 
 def test_redelivered_response_is_deduplicated() -> None:

@@ -22,6 +22,7 @@ from tests.captures import (
     run_sync,
     streamed_ids,
 )
+from tito_agents.testing import captured_samples
 
 
 def with_body(cap: Capture, body: bytes) -> Capture:
@@ -66,7 +67,7 @@ def test_missing_ids_raise_at_episode_end_after_good_samples() -> None:
         assert response.choices[0].message.content == bad.json()["choices"][0]["message"]["content"]
     assert isinstance(info.value.errors[0], tito.MissingTokenIdsError)
     assert "vLLM >= 0.10.2" in str(info.value)
-    assert len(collector.sink.samples) == 1  # type: ignore[attr-defined]
+    assert len(captured_samples(collector)) == 1
     assert collector.stats.unusable_calls == 1
 
 
@@ -78,7 +79,7 @@ def test_missing_ids_are_counted_in_lenient_mode() -> None:
     assert ep.calls[0].status is tito.CallStatus.UNUSABLE
     assert collector.stats.unusable_calls == 1
     assert ep.report.unusable == 1
-    assert collector.sink.samples == []  # type: ignore[attr-defined]
+    assert captured_samples(collector) == []
 
 
 def test_strict_mode_fails_the_call_with_the_typed_error() -> None:
@@ -205,7 +206,7 @@ def test_abandoned_stream_is_incomplete() -> None:
         stream.close()
     assert ep.calls[0].status is tito.CallStatus.INCOMPLETE
     assert isinstance(ep.calls[0].error, tito.errors.IncompleteCallError)
-    assert collector.sink.samples == []  # type: ignore[attr-defined]
+    assert captured_samples(collector) == []
     assert collector.stats.incomplete_calls == 1
 
 
@@ -217,7 +218,7 @@ def test_stream_without_done_is_incomplete() -> None:
     with collector.episode() as ep:
         run_sync(client, cut)
     assert ep.calls[0].status is tito.CallStatus.INCOMPLETE
-    assert collector.sink.samples == []  # type: ignore[attr-defined]
+    assert captured_samples(collector) == []
 
 
 async def test_cancelled_stream_is_incomplete() -> None:
@@ -523,4 +524,4 @@ def test_boolean_ids_are_a_typed_error_and_no_sample(stream: bool) -> None:
         run_sync(client, cap)
     assert isinstance(ep.calls[0].error, tito.errors.MalformedResponseError)
     assert ep.calls[0].status is tito.CallStatus.UNUSABLE
-    assert collector.sink.samples == []  # type: ignore[attr-defined]
+    assert captured_samples(collector) == []

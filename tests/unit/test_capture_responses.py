@@ -16,6 +16,7 @@ import pytest
 import tito_agents as tito
 from tests.captures import Capture, Replay, load_capture, replay_clients
 from tito_agents.calls import Endpoint
+from tito_agents.testing import captured_samples
 
 RESPONSES_CAPTURES = [
     "real/responses_ns",
@@ -134,7 +135,7 @@ def test_sync_responses_capture_matches_server_ids(name: str) -> None:
     sent = replay.received[0]
     assert sent["enable_response_messages"] is True
     assert sent["include"] == ["message.output_text.logprobs"] and sent["top_logprobs"] == 0
-    assert len(collector.sink.samples) == 1  # type: ignore[attr-defined]
+    assert len(captured_samples(collector)) == 1
 
 
 @pytest.mark.parametrize("name", RESPONSES_CAPTURES)
@@ -353,7 +354,7 @@ def test_previous_response_id_on_a_storing_server_is_exact_and_merges() -> None:
         assert call.sampled_ids.tolist() == cap.json()["output_messages"][0]["tokens"]
     history = a.prompt_ids.tolist() + a.sampled_ids.tolist()
     assert b.prompt_ids.tolist()[: len(history)] == history
-    (sample,) = collector.sink.samples  # type: ignore[attr-defined]
+    (sample,) = captured_samples(collector)
     assert int(sample.loss_mask.sum()) == a.num_sampled + b.num_sampled
 
 

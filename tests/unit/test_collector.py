@@ -10,6 +10,7 @@ import pytest
 import tito_agents as tito
 from tests.captures import BASE_URL, Replay, load_capture, replay_clients, run_async, run_sync
 from tito_agents.sinks import MemorySink
+from tito_agents.testing import captured_samples
 
 MSG = [{"role": "user", "content": "x"}]
 
@@ -174,7 +175,7 @@ def test_setting_changes_apply_from_the_next_request_on_every_client() -> None:
     assert "logprobs" not in first_replay.received[0]
     assert second_replay.received[0]["logprobs"] is True and after.logprobs is not None
     assert before.messages is not None and after.messages is None
-    samples = collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(collector)
     assert [s.spans[0].policy_version for s in samples] == ["v1", "v2"]
 
 
@@ -196,7 +197,7 @@ def test_assembly_mode_is_checked_and_can_change_between_episodes() -> None:
     assert collector.settings.assembly is tito.AssemblyMode.BOTH
     with collector.episode("two"):
         run_sync(client, cap)
-    samples = collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(collector)
     assert [s.episode_id for s in samples] == ["one", "two", "two"]
     assert len({s.sample_id for s in samples}) == 3
 

@@ -14,6 +14,7 @@ import tito_agents as tito
 from tito_agents import Call, Sample
 from tito_agents.assembly import EpisodeContext, assemble_merged
 from tito_agents.convert import pack_batch, pad_batch, to_trl_rollout, to_verl_batch
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 
@@ -76,7 +77,9 @@ def rollouts() -> Iterator[list[Rollout]]:
                 )
                 assert len(merged) == 1 and not divergences
                 assert isinstance(collector.sink, tito.sinks.MemorySink)
-                per_call = [s for s in collector.sink.samples if s.episode_id == episode.episode_id]
+                per_call = [
+                    s for s in captured_samples(collector) if s.episode_id == episode.episode_id
+                ]
                 out.append(Rollout(calls=calls, per_call=per_call, merged=merged[0]))
         finally:
             client.close()

@@ -23,7 +23,7 @@ import tito_agents as tito
 from tests.support.trl_trainer import grpo_trainer
 from tito_agents.convert import to_trl_rollout
 from tito_agents.samples import Sample
-from tito_agents.sinks import MemorySink
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, mock_transport
 from tito_agents.testing.smollm2 import load_tokenizer
 
@@ -76,8 +76,7 @@ def test_grpo_trainer_steps_on_episode_samples(tokenizer: Any, tmp_path: Path) -
     assert result.global_step == 1
     assert len(produced) == 2
     assert all(s.view == "merged" and len(s.spans) == 2 for s in produced)
-    sink = collector.sink
-    assert isinstance(sink, MemorySink) and sink.samples == produced
+    assert captured_samples(collector) == produced
     logged = trainer.state.log_history[0]
     assert logged["completions/mean_length"] == pytest.approx(
         np.mean([s.num_trained for s in produced])

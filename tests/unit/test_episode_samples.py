@@ -14,7 +14,8 @@ import pytest
 import tito_agents as tito
 from tito_agents.errors import EpisodeCaptureError, EpisodeNotEndedError
 from tito_agents.samples import Sample
-from tito_agents.sinks import CallbackSink, MemorySink, read_samples
+from tito_agents.sinks import CallbackSink, read_samples
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, mock_transport
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -50,9 +51,7 @@ def test_samples_are_what_the_sink_got_in_order() -> None:
     with collector.episode(task_id="t") as ep:
         _two_turns(client)
         ep.set_reward(1.0)
-    sink = collector.sink
-    assert isinstance(sink, MemorySink)
-    assert len(ep.samples) == 2 and ep.samples == sink.samples
+    assert len(ep.samples) == 2 and ep.samples == captured_samples(collector)
     assert all(s.episode_id == ep.episode_id and s.reward == 1.0 for s in ep.samples)
     assert [s.call_ids[0] for s in ep.samples] == [c.call_id for c in ep.calls]
     collector.close()
@@ -107,7 +106,7 @@ def test_a_body_that_raised_has_no_samples() -> None:
         _two_turns(client)
         raise KeyError("the agent crashed")
     assert ep.samples == [] and len(ep.calls) == 2
-    assert collector.sink.samples == []  # type: ignore[attr-defined]
+    assert captured_samples(collector) == []
     collector.close()
 
 
@@ -124,7 +123,7 @@ def test_capture_errors_keep_the_good_calls_samples() -> None:
             extra_headers={"x-fake-fault": "no_token_ids"},
         )
     assert len(ep.calls) == 2 and len(ep.samples) == 1
-    assert ep.samples == collector.sink.samples  # type: ignore[attr-defined]
+    assert ep.samples == captured_samples(collector)
     collector.close()
 
 

@@ -15,6 +15,7 @@ import tito_agents as tito
 from tests.captures import Replay, load_capture, replay_clients, run_async, run_sync
 from tito_agents import integration
 from tito_agents.episodes import current_labels, resolve_attribution
+from tito_agents.testing import captured_samples
 
 
 def test_scopes_nest_and_restore() -> None:
@@ -109,7 +110,7 @@ def test_agent_and_labels_are_snapshotted_at_request_time() -> None:
     assert later.agent == "solver" and later.labels == {}
     assert call.agent == "planner"
     assert call.labels == {"node": "plan", "step": 1}
-    assert collector.sink.samples[0].agent == "planner"  # type: ignore[attr-defined]
+    assert captured_samples(collector)[0].agent == "planner"
 
 
 def test_concurrent_async_episodes_do_not_mix() -> None:
@@ -180,12 +181,12 @@ def _collect(cap: Any) -> tuple[tito.Collector, Any]:
 
 def test_calls_outside_an_episode_default_to_immediate_samples() -> None:
     """Default: a call outside any episode becomes a per-call sample of episode "default",
-    assembled and written by the export thread (off the request path); `flush` waits for it."""
+    assembled and written by the processor's thread (off the request path); `flush` waits for it."""
     collector, client = _collect(load_capture("chat_ns"))
     run_sync(client, load_capture("chat_ns"))
     assert collector.default_episode.calls == []  # memory stays bounded
     collector.flush()
-    samples = collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(collector)
     assert [s.episode_id for s in samples] == ["default"]
     assert collector.stats.samples == 1
 
@@ -208,7 +209,7 @@ def test_failed_episode_writes_no_samples() -> None:
         run_sync(client, load_capture("chat_ns"))
         raise RuntimeError("agent crashed")
     assert len(ep.calls) == 1
-    assert collector.sink.samples == []  # type: ignore[attr-defined]
+    assert captured_samples(collector) == []
     assert collector.stats.failed_episodes == 1
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,6 +33,10 @@ from tito_agents import export
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks import BufferedSink, CallbackSink, Sink
+
+HANG_GUARD_S = 60.0
+"""How long a test waits for what takes milliseconds before calling it a hang (a guard, never
+an outcome: the linger it guards against is an hour)."""
 
 
 class BrokenSink(Sink):
@@ -60,7 +64,7 @@ def test_outside_an_episode_the_call_returns_and_the_sink_is_not_called_in_it(
     error: Exception,
 ) -> None:
     """The agent's call outside any episode returns its response although the sink raises; the
-    sink is called from the export thread, not from the request; the failure is counted."""
+    sink is called from the processor's thread, not from the request; the failure is counted."""
     cap = load_capture("chat_ns")
     client, _ = replay_clients(Replay([cap]))
     sink = BrokenSink(error)
@@ -69,7 +73,7 @@ def test_outside_an_episode_the_call_returns_and_the_sink_is_not_called_in_it(
     response = run_sync(client, cap)
     assert response.choices[0].message.content == _content("chat_ns")
     collector.close()
-    assert sink.threads == ["tito-export"]  # written by the export thread, not in the call
+    assert sink.threads == ["tito-processor"]  # written by the processor's thread, not the call
     assert collector.stats.sink_failures == 1 and collector.stats.lost_samples == 1
     assert collector.stats.complete_calls == 1
 
@@ -87,8 +91,8 @@ async def test_outside_an_episode_async_calls_return_too() -> None:
 
 
 def test_a_blocked_sink_never_holds_the_call() -> None:
-    """A sink that blocks (a full buffer with nowhere to spill waits for room) holds the export
-    thread, never the agent's call; once it unblocks every sample arrives."""
+    """A sink that blocks (a full buffer with nowhere to spill waits for room) holds the
+    processor's thread, never the agent's call; once it unblocks every sample arrives."""
     cap = load_capture("chat_ns")
     replay = Replay([cap])
     client, _ = replay_clients(replay)
@@ -204,8 +208,8 @@ _FULL_DISK_AGENT = textwrap.dedent(
             return (await run_async(aclient, cap)).choices[0].message.content == expected
 
     answers += asyncio.run(agents())
-    # collector.close(), not sink.close(): the export thread still holds the calls made outside
-    # an episode; closing the sink under it would refuse them (a race this test once lost).
+    # collector.close(), not sink.close(): the processor's thread still holds the calls made
+    # outside an episode; closing the sink under it would refuse them (a race this test once lost).
     try:  # the spill log is on the same full disk: close may have to say what it could not keep
         collector.close()
         close_error = None
@@ -249,7 +253,7 @@ _EXIT_WITHOUT_CLOSE = textwrap.dedent(
     from tests.captures import Replay, load_capture, replay_clients, run_sync
 
     def slow_write(samples):
-        time.sleep(0.5)  # the export thread is still writing when the program ends
+        time.sleep(0.5)  # the processor's thread is still writing when the program ends
         print("written", len(samples), flush=True)
 
     cap = load_capture("chat_ns")
@@ -262,7 +266,7 @@ _EXIT_WITHOUT_CLOSE = textwrap.dedent(
 
 
 def test_calls_outside_an_episode_reach_the_sink_when_the_program_ends_without_close() -> None:
-    """The export thread's queue is drained at exit before sinks are closed: a script that makes
+    """The processor's queue is drained at exit before sinks are closed: a script that makes
     a call outside any episode and ends without `close()` still writes its sample."""
     done = subprocess.run(
         [sys.executable, "-c", _EXIT_WITHOUT_CLOSE],
@@ -280,25 +284,67 @@ def test_calls_outside_an_episode_in_a_burst_are_written_together(
 ) -> None:
     """A lone call outside any episode is written at once; calls that follow it closely wait
     for each other and are assembled and written in one sink write (a wake-up per call costs
-    more than the call's assembly); every call becomes its sample; `flush` ends the wait."""
-    monkeypatch.setattr(export, "EXPORT_LINGER_S", 30.0)
+    more than the call's assembly); every call becomes its sample; `flush` ends the wait.
+
+    The linger is an hour, so no outcome depends on timing: a lone call held for it, or a flush
+    that waits for it, would never finish, and the hang guards (far shorter) turn that into a
+    failure."""
+    monkeypatch.setattr(export, "EXPORT_LINGER_S", 3600.0)
     cap = load_capture("chat_ns")
     replay = Replay([cap])
     client, _ = replay_clients(replay)
     batches: list[int] = []
-    collector = tito.Collector(CallbackSink(lambda samples: batches.append(len(samples))))
+    written = threading.Event()
+
+    def write(samples: Sequence[Sample]) -> None:
+        batches.append(len(samples))
+        written.set()
+
+    collector = tito.Collector(CallbackSink(write))
     collector.wrap(client)
     replay.responses = [_with_id(cap, "chatcmpl-lone")]
     run_sync(client, cap)
-    deadline = time.monotonic() + 10
-    while not batches and time.monotonic() < deadline:  # written without the 30 s wait
-        time.sleep(0.01)
+    assert written.wait(HANG_GUARD_S), "the lone call was held for the linger"
     assert batches == [1]
     for i in range(5):
         replay.responses = [_with_id(cap, f"chatcmpl-burst-{i}")]
         run_sync(client, cap)
-    started = time.monotonic()
-    collector.flush()
-    assert time.monotonic() - started < 10  # not the 30 s linger
+    flushed = threading.Thread(target=collector.flush, daemon=True)
+    flushed.start()
+    flushed.join(HANG_GUARD_S)
+    assert not flushed.is_alive(), "flush waited for the linger"
     assert batches == [1, 5] and collector.stats.samples == 6
     collector.close()
+
+
+def test_a_forked_child_gets_its_own_processor_thread_and_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After fork the child's calls outside an episode go through a thread of its own (the
+    parent's does not exist there), and what the parent had queued is written once, by the
+    parent: the child starts with an empty queue."""
+    monkeypatch.setattr(export, "EXPORT_LINGER_S", 3600.0)  # the parent's second call waits
+    path = tmp_path / "samples.jsonl"
+    cap = load_capture("chat_ns")
+    replay = Replay([cap])
+    client, _ = replay_clients(replay)
+    collector = tito.Collector(tito.sinks.JsonlSink(path))
+    collector.wrap(client)
+    for name in ("parent-lone", "parent-queued"):
+        replay.responses = [_with_id(cap, f"chatcmpl-{name}")]
+        run_sync(client, cap)
+    pid = os.fork()
+    if pid == 0:  # the child: its call is written by its own thread, at once (nothing lingers)
+        code = 1
+        try:
+            replay.responses = [_with_id(cap, "chatcmpl-child")]
+            run_sync(client, cap)
+            collector.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    collector.close()
+    calls = sorted(json.loads(line)["call_ids"][0] for line in path.read_text().splitlines())
+    assert calls == [f"chatcmpl-{n}/0" for n in ("child", "parent-lone", "parent-queued")]

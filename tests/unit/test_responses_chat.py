@@ -1,8 +1,12 @@
 """The chat conversation a Responses request renders as (vLLM 0.32's conversion rules).
 
 The expected messages are what vLLM 0.32's own `construct_input_messages` /
-`construct_tool_dicts` return for the same request (run in its venv); the real server's
-`input_messages` tokens equal `/tokenize` of these conversations (tests/e2e/test_sessions_real.py).
+`construct_tool_dicts` / `build_chat_params` return for the same request (run in its venv); the
+real server's `input_messages` tokens equal `/tokenize` of these conversations
+(tests/e2e/test_sessions_real.py).
+
+tests/unit/test_responses_chat_rules.py runs the library and the fake vLLM's copy of these rules
+over one table of every item and tool kind vLLM accepts.
 """
 
 from __future__ import annotations
@@ -143,3 +147,9 @@ def test_assistant_message_of_a_response_output() -> None:
     assert assistant_message([]) is None
     two = [output[1], output[1]]  # two text messages do not merge into one turn
     assert assistant_message(two) is None
+
+
+def test_a_namespaced_call_in_the_output_comes_back_under_its_flat_name() -> None:
+    output = [{"type": "function_call", "call_id": "c", "name": "f", "namespace": "crm"}]
+    message = assistant_message(output)
+    assert message is not None and message["tool_calls"][0]["function"]["name"] == "crm__f"

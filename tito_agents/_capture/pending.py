@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tito_agents._capture.episode import CapturedEpisode
 from tito_agents._wire import (
     RequestInfo,
 )
 from tito_agents.calls import ScoringEndpoint
 from tito_agents.sessions import Plan, Session, SessionDecision
-
-if TYPE_CHECKING:
-    from tito_agents.episodes import Episode
 
 
 @dataclass(slots=True)
@@ -22,7 +20,7 @@ class PendingCall:
     """A captured request in flight: what was asked, by whom, and when."""
 
     info: RequestInfo
-    episode: Episode
+    episode: CapturedEpisode
     agent: str | None
     labels: Mapping[str, Any]
     seq: int
@@ -31,12 +29,14 @@ class PendingCall:
     first_byte_at: float | None = None
     finished: bool = False
     session: Session | None = None
+    """Token-in session mode: the session of (episode, agent), from the capture layer's
+    `SessionStore`."""
     plan: Plan | None = None
     """Token-in session mode: the request plan the transport drives before sending."""
     decision: SessionDecision | None = None
     session_fallback: str | None = None
-    """Why a call of a session episode is not planned as a session turn (a Responses request
-    the chat conversion does not cover, e.g. server-held history)."""
+    """Why a call of a session episode is not planned as a session turn (a `FallbackReason`
+    text: e.g. a Responses request the chat conversion does not cover, server-held history)."""
     session_payload: dict[str, Any] | None = None
     """The chat request the session plans with: the request itself, or the chat conversation a
     Responses request renders as (`_wire.responses_chat.chat_view`)."""

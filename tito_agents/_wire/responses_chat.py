@@ -6,17 +6,28 @@ system message, a string `input` one user message, and input items chat messages
 
 * a message item with a role is passed on (an assistant one as its first content part's text);
 * `function_call` items become tool calls of the assistant message before them (a new assistant
-  message where none precedes), `function_call_output` items `tool` messages;
+  message where none precedes; a call in a `namespace` is named `<namespace>__<name>`),
+  `function_call_output` items `tool` messages;
 * a `reasoning` item becomes the `reasoning` of the assistant message before it (or a new one),
   an assistant output message its `content`, when those are still unset;
-* flat function tools become chat tools (`{"type": "function", "function": {...}}`); tools of
-  other kinds are not rendered; `reasoning.effort` becomes the template's `reasoning_effort`.
+* function tools become chat tools (`{"type": "function", "function": {...}}`), the functions of
+  a `namespace` tool too, named `<namespace>__<name>`; built-in tools are not rendered;
+  `reasoning.effort` becomes the template's `reasoning_effort`.
 
 Token-in sessions use the same conversion on both sides of a turn: the request (`chat_view`) and
 the `output` items the server answered with (`assistant_message`), so the chat session planner
 (`tito_agents.sessions`) handles Responses calls unchanged. What the conversion does not cover
-(server-held history, custom or namespaced tools, a continued final message) is a reason to let
-the server render that call (`chat_view` returns it as a string).
+is a reason to let the server render that call (`chat_view` returns it as a string): server-held
+history, a continued final message, non-text content parts, and custom tools with their
+`custom_tool_call` items (vLLM shows them as its own single-string function shim; not planned).
+
+The fake vLLM keeps its own copy of these rules (`tito_agents.testing.fake_vllm._responses_input`)
+on purpose: it stands in for vLLM in the tests of this module's callers (a session's first prompt
+is the fake's render of the request, later ones extend it with deltas planned from `chat_view`),
+so one shared implementation would let a wrong rule shape both sides alike and pass; and it must
+render what this planner declines. tests/unit/test_responses_chat_rules.py runs both copies over
+one table of every item and tool kind vLLM 0.32 accepts, with the messages vLLM's own functions
+return, and over arbitrary item sequences, so the two cannot drift apart unnoticed.
 """
 
 from __future__ import annotations
@@ -24,13 +35,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["assistant_message", "chat_view"]
+__all__ = ["NAMESPACE_SEPARATOR", "assistant_message", "chat_view"]
 
 _SERVER_HISTORY = (
     "the request continues server-held history (previous_response_id / conversation / "
     "previous_input_messages): the server prepends turns the client never sent, so the token "
     "prompt cannot be planned from the request; send the full input list instead (store=false)"
 )
+NAMESPACE_SEPARATOR = "__"
+"""vLLM's `flat_namespace_tool_name`: function `f` of namespace `crm` is shown as `crm__f`."""
 _MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning")
 """Keys of a passed-on message item the chat template can read (`type`, `id`, `status` are item
 bookkeeping the server drops when it validates the chat messages)."""
@@ -114,12 +127,15 @@ def _message_of(
     """vLLM's `_construct_message_from_response_item`: a new message, None where `assistant`
     took the item in, or a reason where the conversion does not cover it."""
     kind = item.get("type")
+    if kind in ("custom_tool_call", "custom_tool_call_output"):
+        return f"a {kind} item of a custom tool (custom tools are left to the server)"
     if kind == "function_call":
+        name = item.get("name")
         if item.get("namespace"):
-            return "a function_call item of a namespace tool (its flat name is vLLM's own)"
+            name = f"{item['namespace']}{NAMESPACE_SEPARATOR}{name}"
         call = {
             "id": item.get("call_id"),
-            "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+            "function": {"name": name, "arguments": item.get("arguments")},
             "type": "function",
         }
         if assistant is not None:
@@ -187,7 +203,8 @@ def _text_parts(content: list[Any]) -> list[dict[str, Any]] | str:
 
 
 def _chat_tools(tools: Any) -> list[dict[str, Any]] | str | None:
-    """Flat Responses function tools as chat tools; other built-in tools are not rendered."""
+    """Responses function tools (a namespace's functions flattened to `<namespace>__<name>`) as
+    chat tools; built-in tools are not rendered (vLLM's `get_function_tools`)."""
     if not tools:
         return None
     if not isinstance(tools, list):
@@ -197,12 +214,23 @@ def _chat_tools(tools: Any) -> list[dict[str, Any]] | str | None:
         if not isinstance(tool, Mapping):
             return "a tool is not an object"
         kind = tool.get("type")
-        if kind in ("custom", "namespace"):
-            return f"a {kind} tool (vLLM renders it through its own function shim)"
+        if kind == "custom":
+            return "a custom tool (vLLM shows it as its own single-string function shim)"
         if kind == "function":
-            function = {k: v for k, v in tool.items() if k != "type"}
-            out.append({"type": "function", "function": function})
+            out.append(_function(tool))
+        elif kind == "namespace":
+            inner = tool.get("tools")
+            if not isinstance(inner, list) or not all(isinstance(t, Mapping) for t in inner):
+                return "a namespace tool whose tools are not a list of objects"
+            prefix = f"{tool.get('name')}{NAMESPACE_SEPARATOR}"
+            for function in inner:
+                if function.get("type") == "function":
+                    out.append(_function({**function, "name": f"{prefix}{function.get('name')}"}))
     return out
+
+
+def _function(tool: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
 
 
 def _template_kwargs(payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -110,7 +110,10 @@ def _output_items(
                         ) from exc
         elif kind == "function_call":
             untexted = True
-            tool_calls.append({k: item.get(k) for k in ("call_id", "name", "arguments", "id")})
+            call = {k: item.get(k) for k in ("call_id", "name", "arguments", "id")}
+            if item.get("namespace") is not None:  # a namespaced tool's call (vLLM >= 0.32)
+                call["namespace"] = item["namespace"]
+            tool_calls.append(call)
         elif kind == "reasoning":
             untexted = True
             parts = [*_parts(item, "content"), *_parts(item, "summary")]

@@ -18,6 +18,7 @@ from langgraph.graph.state import CompiledStateGraph
 from tito_agents_langchain import TitoCallbackHandler, call_id_of
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 
 
 @dataclass
@@ -110,7 +111,7 @@ async def run_concurrently(
             paths.setdefault(agent, set()).add(str(call.labels.get("agent_path")))
             calls[(trace.episode_id, call.agent)] += 1
     assert handler.finish_pending() == len(traces)
-    samples: list[tito.Sample] = list(collector.sink.samples)  # type: ignore[attr-defined]
+    samples: list[tito.Sample] = captured_samples(collector)
     merged = Counter((s.episode_id, s.agent) for s in samples)
     starts = Counter(s.start_reason for s in samples)
     lost = abs(traced - len(captured)) + (abs(sent - len(captured)) if sent is not None else 0)

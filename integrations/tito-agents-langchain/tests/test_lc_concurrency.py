@@ -12,6 +12,7 @@ from lc_support import MakeModel, decode, react_graph
 from tito_agents_langchain import TitoCallbackHandler, wrap
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 
 _QUESTION = re.compile(r"Question (\d+):")
 
@@ -29,7 +30,7 @@ def index_of(outputs: Any) -> float:
 
 def misattributed(collector: tito.Collector, tokenizer: Any, episodes: int) -> int:
     """Samples whose prompt is not their own episode's question, or whose reward is not its own."""
-    samples: list[tito.Sample] = list(collector.sink.samples)  # type: ignore[attr-defined]
+    samples: list[tito.Sample] = captured_samples(collector)
     assert len(samples) == 2 * episodes  # agent -> tools -> agent: two model calls each
     wrong = 0
     for sample in samples:

@@ -29,6 +29,7 @@ from tito_agents_langchain import (
 )
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME
 
@@ -36,7 +37,7 @@ QUESTION: MessagesState = {"messages": [HumanMessage("What is the weather in Par
 
 
 def samples_of(collector: tito.Collector) -> list[tito.Sample]:
-    return list(collector.sink.samples)  # type: ignore[attr-defined]
+    return captured_samples(collector)
 
 
 async def test_a_graph_invocation_is_one_episode_labelled_by_node_and_run(

@@ -13,11 +13,12 @@ from lc_support import MakeModel
 from tito_agents_langchain import TitoCallbackHandler, call_id_of, wrap
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FAULT_HEADER, FakeVLLMServer
 
 
 def samples_of(collector: tito.Collector) -> list[tito.Sample]:
-    return list(collector.sink.samples)  # type: ignore[attr-defined]
+    return captured_samples(collector)
 
 
 class HealOnError(BaseCallbackHandler):

@@ -16,6 +16,7 @@ from pydantic import BaseModel, SecretStr
 from tito_agents_langchain import wrap
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME
 
@@ -136,7 +137,7 @@ async def test_every_call_path_captures_exact_ids(
         (call,) = [c for c in ep.calls if question in decode(tokenizer, c.prompt_ids)]
         sampled = decode(tokenizer, call.sampled_ids)
         assert sampled == answer if answer is not None else sampled
-    assert len(collector.sink.samples) == inputs  # type: ignore[attr-defined]
+    assert len(captured_samples(collector)) == inputs
 
 
 async def test_n_choices_are_one_request_and_n_calls(
@@ -221,5 +222,5 @@ async def test_wrapping_again_replaces_the_capture(make_model: MakeModel) -> Non
         await llm.ainvoke("Hello.")
         llm.invoke("Hello.")
     assert first.stats.requests == 0
-    second.flush()  # calls outside an episode are written by the export thread
-    assert second.stats.requests == 2 and len(second.sink.samples) == 2  # type: ignore[attr-defined]
+    second.flush()  # calls outside an episode are written by the processor's thread
+    assert second.stats.requests == 2 and len(captured_samples(second)) == 2

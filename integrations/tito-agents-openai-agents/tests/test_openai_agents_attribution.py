@@ -12,6 +12,7 @@ from agents import RunConfig, Runner
 from oa_script import CALLS_PER_RUN, build_agents, misattributed
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 from tito_agents.testing.smollm2 import MODEL_NAME
 
 TRACING = pytest.mark.parametrize("tracing", ["on", "off"])
@@ -43,7 +44,7 @@ async def test_handoff_calls_carry_the_agent_that_made_them(
     assert agents_of(ep) == ["triage", "billing", "billing"]
     assert all(c.status is tito.CallStatus.COMPLETE for c in ep.calls)
     assert [p for c in ep.calls for p in misattributed(c, "case-1")] == []
-    samples = capture.collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(capture.collector)
     assert [s.agent for s in samples] == ["triage", "billing", "billing"]
     assert all(s.reward == 1.0 and s.num_trained > 0 for s in samples)
     if tracing == "on":
@@ -123,7 +124,7 @@ def test_run_sync_is_captured_in_a_sync_episode(
     assert result.final_output == "[weather] case-4: it is sunny."
     assert agents_of(ep) == ["triage", "weather", "weather"]
     assert [p for c in ep.calls for p in misattributed(c, "case-4")] == []
-    assert len(collector.sink.samples) == CALLS_PER_RUN  # type: ignore[attr-defined]
+    assert len(captured_samples(collector)) == CALLS_PER_RUN
     collector.close()
 
 

@@ -17,6 +17,7 @@ from agents.tracing import agent_span, response_span, trace
 from oa_script import CALLS_PER_RUN, build_agents, misattributed, new_client
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME
 
@@ -57,7 +58,7 @@ async def test_uncaptured_agent_fails_the_episode_after_writing_good_samples(
     assert all(isinstance(e, tito_oa.UncapturedModelCallError) for e in caught.value.errors)
     assert [e.agent for e in caught.value.errors] == ["billing", "billing"]  # type: ignore[attr-defined]
     assert [c.agent for c in ep.calls] == ["triage"]
-    assert [s.agent for s in capture.collector.sink.samples] == ["triage"]  # type: ignore[attr-defined]
+    assert [s.agent for s in captured_samples(capture.collector)] == ["triage"]
     assert capture.stats.uncaptured_by_agent["billing"] == before.get("billing", 0) + 2
 
 
@@ -108,7 +109,7 @@ async def test_client_retries_make_no_duplicate_samples(
         faults.status_before_body, faults.retry_after_ms = None, None
     assert capture.collector.stats.failed_attempts == 1
     assert [c.agent for c in ep.calls] == ["triage", "billing", "billing"]
-    samples = capture.collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(capture.collector)
     assert len({s.sample_id for s in samples}) == len(samples) == CALLS_PER_RUN
 
 
@@ -133,7 +134,7 @@ async def test_sdk_retries_make_no_duplicate_samples(
     await client.close()
     assert collector.stats.failed_attempts == 1
     assert [p for c in ep.calls for p in misattributed(c, "case-5")] == []
-    assert len(collector.sink.samples) == CALLS_PER_RUN  # type: ignore[attr-defined]
+    assert len(captured_samples(collector)) == CALLS_PER_RUN
     assert capture.stats.uncaptured_calls == uncaptured
 
 

@@ -9,6 +9,7 @@ from agents import RunConfig, Runner
 from oa_script import CALLS_PER_RUN, build_agents, misattributed
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 from tito_agents.testing.smollm2 import MODEL_NAME
 
 RUNS = 200
@@ -55,7 +56,7 @@ async def test_200_concurrent_runs_have_zero_misattributed_calls(
     assert all(
         {c.agent for c in ep.calls} == expected_agents[i % 3] for i, ep in enumerate(episodes)
     )
-    samples = capture.collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(capture.collector)
     assert len(samples) == RUNS * CALLS_PER_RUN
     assert all(s.reward == float(s.episode_id.removeprefix("case-")) for s in samples)
     assert capture.collector.stats.complete_calls == RUNS * CALLS_PER_RUN

@@ -13,6 +13,7 @@ from agents.run_config import CallModelData, ModelInputData
 from oa_script import build_agents, new_client, prompt_text
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME
 
@@ -127,7 +128,7 @@ async def test_rewards_per_agent_reach_the_samples(capture: tito_oa.AgentsCaptur
         assert tito_oa.set_agent_reward(ep, "nobody", 1.0) == 0
         grouped = tito_oa.calls_by_agent(ep)
     assert {agent: len(calls) for agent, calls in grouped.items()} == {"triage": 1, "billing": 2}
-    samples = capture.collector.sink.samples  # type: ignore[attr-defined]
+    samples = captured_samples(capture.collector)
     assert [(s.agent, s.reward) for s in samples] == [
         ("triage", 0.5),
         ("billing", 1.0),

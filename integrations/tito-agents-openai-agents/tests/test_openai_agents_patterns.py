@@ -24,6 +24,7 @@ from oa_script import (
 from sdk_trace import SpanLog, call_key
 
 import tito_agents as tito
+from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeVLLMServer
 from tito_agents.testing.smollm2 import MODEL_NAME
 
@@ -127,7 +128,7 @@ async def test_pattern_runs_match_the_sdk_trace(
         }
     total = sum(len(ep.calls) for ep in episodes)
     assert len(traced) == total
-    assert len(collector.sink.samples) == total  # type: ignore[attr-defined]
+    assert len(captured_samples(collector)) == total
     assert collector.stats.empty_episodes == 0
     assert one_line.stats.uncaptured_calls == uncaptured
     assert one_line.processor.open_spans == 0

@@ -28,6 +28,13 @@ from tito_agents.testing.fake_vllm._requests import (
     check_responses,
     parse_chat,
 )
+from tito_agents.testing.fake_vllm._responses_input import (
+    NAMESPACE_SEPARATOR,
+    chat_messages,
+    chat_params,
+    chat_tool_choice,
+    chat_tools,
+)
 
 __all__ = ["responses"]
 
@@ -62,7 +69,8 @@ def responses(engine: Engine, body: dict[str, Any], faults: WireFaults) -> Reply
 
 
 def _as_chat(body: dict[str, Any]) -> Json:
-    """The chat request vLLM renders and samples for a Responses body."""
+    """The chat request vLLM renders and samples for a Responses body (the conversion rules are
+    `_responses_input`: the fake's own copy, see its docstring for why)."""
     max_tokens = body.get("max_output_tokens")
     if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
         raise bad_request(
@@ -70,11 +78,12 @@ def _as_chat(body: dict[str, Any]) -> Json:
         )
     include = body.get("include") or []
     chat: Json = {k: body[k] for k in _PASSED if k in body}
-    chat["messages"] = _messages(body)
-    tools = [_chat_tool(t) for t in body.get("tools") or [] if t.get("type") == "function"]
+    chat["messages"] = chat_messages(body)
+    chat.update(chat_params(body))
+    tools = chat_tools(body.get("tools"))
     if tools:
         chat["tools"] = tools
-        chat["tool_choice"] = _chat_tool_choice(body.get("tool_choice", "auto"))
+        chat["tool_choice"] = chat_tool_choice(body.get("tool_choice", "auto"), body.get("tools"))
     if max_tokens is not None:
         chat["max_tokens"] = max_tokens
     if LOGPROBS_INCLUDE in include:
@@ -84,68 +93,18 @@ def _as_chat(body: dict[str, Any]) -> Json:
     return chat
 
 
-def _messages(body: dict[str, Any]) -> list[Json]:
-    messages: list[Json] = []
-    if body.get("instructions"):
-        messages.append({"role": "system", "content": body["instructions"]})
-    items = body.get("input")
-    if isinstance(items, str):
-        return [*messages, {"role": "user", "content": items}]
-    if not isinstance(items, list):
-        raise bad_request("input must be a string or a list of items", "input")
-    for item in items:
-        message = _message_of(item, messages[-1] if messages else None)
-        if message is not None:
-            messages.append(message)
-    return messages
-
-
-def _message_of(item: Any, previous: Json | None) -> Json | None:
-    """vLLM's `_construct_message_from_response_item`: None when `previous` absorbed the item."""
-    if not isinstance(item, dict):
-        raise bad_request("an input item is not an object", "input")
-    assistant = previous if previous is not None and previous.get("role") == "assistant" else None
-    kind = item.get("type", "message")
-    if kind == "function_call":
-        call = {
-            "id": item.get("call_id"),
-            "function": {"name": item.get("name"), "arguments": item.get("arguments")},
-            "type": "function",
-        }
-        if assistant is not None:
-            assistant.setdefault("tool_calls", []).append(call)
-            return None
-        return {"role": "assistant", "tool_calls": [call]}
-    if kind == "function_call_output":
-        return {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
-    if kind == "reasoning":
-        parts = item.get("content") or item.get("summary") or [{}]
-        text = parts[0].get("text", "")
-        if assistant is not None and assistant.get("reasoning") is None:
-            assistant["reasoning"] = text
-            return None
-        return {"role": "assistant", "reasoning": text}
-    if kind == "message" and item.get("role") == "assistant":
-        content = item.get("content")
-        text = content if isinstance(content, str) else (content or [{}])[0].get("text")
-        if assistant is not None and assistant.get("content") is None:
-            assistant["content"] = text
-            return None
-        return {"role": "assistant", "content": text}
-    if "role" in item:
-        return {k: v for k, v in item.items() if k != "type"}
-    raise bad_request(f"Unsupported input item type: {kind}", "input")
-
-
-def _chat_tool(tool: Json) -> Json:
-    function = {k: v for k, v in tool.items() if k != "type"}
-    return {"type": "function", "function": function}
-
-
-def _chat_tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
+def _namespaced(tools: list[Json] | None) -> dict[str, tuple[str, str]]:
+    """Flat name -> (namespace, name) of the request's namespace functions: vLLM answers a call
+    of `crm__f` as a `function_call` named `f` in namespace `crm`
+    (`build_responses_tool_call_name_map`)."""
+    names: dict[str, tuple[str, str]] = {}
+    for tool in tools or []:
+        if tool.get("type") == "namespace":
+            for inner in tool.get("tools") or []:
+                if inner.get("type") == "function":
+                    flat = f"{tool.get('name')}{NAMESPACE_SEPARATOR}{inner.get('name')}"
+                    names[flat] = (str(tool.get("name")), str(inner.get("name")))
+    return names
 
 
 # -- response ----------------------------------------------------------------------------------
@@ -176,6 +135,8 @@ def _usage(prompt: int, output: int) -> Json:
 
 
 def _tool_echo(tool: Json) -> Json:
+    if tool.get("type") != "function":  # namespace, custom and built-in tools as given
+        return dict(tool)
     return {
         "name": tool.get("name"),
         "parameters": tool.get("parameters"),
@@ -224,6 +185,7 @@ class _ResponsesRun:
         self.scored: list[Scored] = list(scored or ()) if not calls else []
         self.message_id = _hex_id("msg")
         self.call_ids = [_hex_id("fc") for _ in calls]
+        self.namespaced = _namespaced(body.get("tools"))
 
     def reply(self) -> Reply:
         if self.body.get("stream"):
@@ -322,15 +284,16 @@ class _ResponsesRun:
 
     def _call_item(self, index: int, *, done: bool) -> Json:
         call = self.calls[index]["function"]
+        namespace, name = self.namespaced.get(call["name"], (None, call["name"]))
         return {
             "arguments": call["arguments"] if done else "",
             "call_id": self.calls[index]["id"],
-            "name": call["name"],
+            "name": name,
             "type": "function_call",
             "id": self.call_ids[index],
             "async": None,
             "caller": None,
-            "namespace": None,
+            "namespace": namespace,
             "status": "completed" if done else "in_progress",
         }
 
@@ -401,7 +364,7 @@ class _ResponsesRun:
                     "output_index": out,
                     "sequence_number": len(events),
                     "type": "response.function_call_arguments.done",
-                    "name": self.calls[i]["function"]["name"],
+                    "name": self._call_item(i, done=True)["name"],
                 }
             )
             add("response.output_item.done", item=self._call_item(i, done=True), output_index=out)

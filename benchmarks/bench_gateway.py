@@ -5,7 +5,7 @@ Upstream: benchmarks/canned_server.py (answers instantly, so nothing but the HTT
 capture work remains — the worst case for relative overhead), streams sent as vLLM sends them,
 one HTTP chunk per event. The gateway is `tito-agents
 serve` (calls outside any episode: each is assembled and written to a JSON Lines sink by its
-export thread, inside the measured process); the pass-through is benchmarks/gateway_passthrough.py.
+processor's thread, inside the measured process); the pass-through is benchmarks/gateway_passthrough.py.
 The client is the openai package's AsyncOpenAI, asking for the ids itself, so every hop carries
 the same bytes and the difference is the gateway's own work.
 

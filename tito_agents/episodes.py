@@ -185,7 +185,7 @@ class EpisodeReport:
 
 class EpisodeProcessor(Protocol):
     """Where an episode reports what happens to it: the next stage of the pipeline (the
-    collector's `Exporter`), as a tracer's span processor hears of ended spans. An episode knows
+    collector's `SampleProcessor`), as a tracer's span processor hears of ended spans. An episode knows
     this protocol, never the collector."""
 
     def on_calls(self, episode: Episode, calls: list[Call], added: int) -> None:

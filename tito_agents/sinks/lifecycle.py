@@ -7,7 +7,7 @@ spilled (buffered sinks) or left in a recoverable in-progress file (file sinks),
 says where.
 
 The interface, within the package (not the user API): sinks that hold samples call `track`;
-whatever feeds sinks from a queue of its own (the exporter's thread) calls `drain_before_close`,
+whatever feeds sinks from a queue of its own (the collector's processor thread) calls `drain_before_close`,
 so its queue reaches the sinks before their last close.
 """
 
@@ -63,8 +63,8 @@ _lock = threading.Lock()
 
 def drain_before_close(feeder: DrainsAtExit) -> None:
     """Drain `feeder` at exit before any sink is closed: something that feeds sinks from a queue
-    of its own (the collector's export thread), whose samples would otherwise miss the sinks'
-    last close."""
+    of its own (the collector's processor thread, `tito-processor`), whose samples would
+    otherwise miss the sinks' last close."""
     with _lock:
         _feeders.add(feeder)
         atexit.unregister(close_unclosed)

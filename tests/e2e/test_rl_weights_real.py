@@ -1,0 +1,122 @@
+"""End-to-end: new weights into the running CPU vLLM in place (`tito_agents.rl.push_weights`).
+
+The served SmolLM2 loaded by transformers (fp32) gets one MLP scaled, the result is pushed into
+the running server (safetensors, `/collective_rpc reload_weights`, `/update_weight_version`), and
+the server then reports the new version, scores a fixed prompt differently, and a call captured
+with the new `policy_version` carries it and re-scores within bf16 noise against the new weights.
+Reloading the original folder gives the original logprobs back exactly.
+
+The routes exist only with `VLLM_SERVER_DEV_MODE=1`, and the test changes the weights a server
+serves, so it runs a vLLM of its own (dev mode, a free port; 1-2 minutes to start on 2 cores),
+stopped at the end. `TITO_VLLM_DEV_URL` points it at a dev-mode server that is already running
+instead (left running, its original weights restored).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+
+pytest.importorskip("torch", reason="the trainer side needs torch (tito-agents[trainer-check])")
+pytest.importorskip("transformers", reason="the trainer side needs transformers")
+
+import torch
+
+import tito_agents as tito
+from tests.rescoring import rescore_sample, rescored_logprobs
+from tests.support.e2e_servers import environ, free_port, load_vllm_server_script, paused_alarm
+from tests.support.real_vllm import MAX_TOL, MEAN_TOL, tokenize
+from tito_agents.rl import VllmWeights, push_weights
+from tito_agents.trainer_check import load_policy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+RELOAD_BUDGET_S = 10.0
+"""Issue 28: an in-place update of the 135M model within 10 s on the 2-core machine. Measured
+0.8-2.6 s in all on a quiet machine (0.5-2.2 s to write the safetensors, 0.3-0.6 s for the
+server's part), 6.5 s at load 7 (the write: 5.8 s). The server's part is held to the budget; the
+whole update, disk write included, to a bound that still tells it from a restart (60-120 s) on a
+CI machine several times slower."""
+TOTAL_BUDGET_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def dev_server() -> Iterator[str]:
+    """Base URL of a dev-mode vLLM serving the converted SmolLM2 (ours unless given)."""
+    given = os.environ.get("TITO_VLLM_DEV_URL")
+    if given:
+        yield given
+        return
+    mod = load_vllm_server_script()
+    env = {
+        "TITO_VLLM_PORT": str(free_port()),
+        "TITO_VLLM_EXTRA_ARGS": "",
+        "VLLM_SERVER_DEV_MODE": "1",
+    }
+    timeout = float(os.environ.get("TITO_VLLM_START_TIMEOUT") or mod.DEFAULT_START_TIMEOUT)
+    try:
+        with environ(**env), paused_alarm():
+            url = str(mod.start(timeout=timeout))
+    except mod.VllmServerError as exc:
+        pytest.fail(f"dev-mode vLLM unavailable: {exc}", pytrace=False)
+    try:
+        yield url
+    finally:
+        with environ(**env):
+            mod.stop()
+
+
+def test_weights_update_in_place_and_come_back(dev_server: str, tmp_path: Path) -> None:
+    mod = load_vllm_server_script()
+    model_dir = Path(mod.model_dir())
+    served = VllmWeights(dev_server)
+    name = openai.OpenAI(base_url=dev_server, api_key="EMPTY").models.list().data[0].id
+    messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tokenize(dev_server, messages)
+    served.update(model_dir, "e2e-original")  # whatever it served before: the original weights
+    before = rescored_logprobs(dev_server, name, prompt)[1:]
+
+    policy = load_policy(model_dir, "fp32")
+    with torch.no_grad():
+        for param_name, param in policy.named_parameters():
+            if param_name.endswith("mlp.down_proj.weight"):
+                param.mul_(1.5)
+    try:
+        update = push_weights(policy, dev_server, tmp_path / "weights", version="e2e-1")
+        print(
+            f"\nin-place update: {update.seconds:.2f} s (save {update.save_s:.2f} s, reload "
+            f"{update.reload_s:.2f} s), version {update.previous!r} -> {update.version!r}"
+        )
+        assert (update.previous, update.version) == ("e2e-original", "e2e-1")
+        assert served.version() == "e2e-1"
+        assert update.reload_s <= RELOAD_BUDGET_S and update.seconds <= TOTAL_BUDGET_S
+        after = rescored_logprobs(dev_server, name, prompt)[1:]
+        moved = np.abs(after - before)
+        print(f"prompt logprobs moved by mean {moved.mean():.3f}, max {moved.max():.3f} nats")
+        assert moved.max() > 0.5
+
+        # a call captured now is labelled with the new version and is exact against the new
+        # weights (re-scored on the same server)
+        collector = tito.Collector(capture_logprobs=True, policy_version=update.version)
+        client = collector.wrap(openai.OpenAI(base_url=dev_server, api_key="EMPTY", timeout=600))
+        with collector.episode() as ep:
+            client.chat.completions.create(
+                model=name, messages=messages, max_tokens=16, temperature=1.0, seed=0
+            )
+        collector.close()
+        (sample,) = ep.samples
+        assert [s.policy_version for s in sample.spans] == ["e2e-1"]
+        exact = rescore_sample(dev_server, name, sample)
+        assert exact.tokens > 0
+        assert exact.mean_abs <= MEAN_TOL and exact.max_abs <= MAX_TOL, exact
+    finally:
+        restored = served.update(model_dir, "e2e-restored")
+    assert restored.version == "e2e-restored"
+    back = rescored_logprobs(dev_server, name, prompt)[1:]
+    assert np.array_equal(back, before)

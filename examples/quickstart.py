@@ -1,6 +1,7 @@
 """Quickstart: a small tool-using agent, several episodes at once, exact samples in a file.
 
     python examples/quickstart.py --base-url http://127.0.0.1:8765/v1 --episodes 8 --out samples.jsonl
+    python examples/quickstart.py --temperature 0.7 --top-p 0.9   # sampled otherwise
 
 The agent is plain openai code. tito-agents adds two lines: `collector.wrap(client)` and the
 `async with collector.episode(...)` around each rollout. At the end the script prints a summary,
@@ -61,10 +62,17 @@ def get_weather(city: str) -> str:
 
 
 async def run_episode(
-    client: openai.AsyncOpenAI, collector: tito.Collector, model: str, city: str, index: int
+    client: openai.AsyncOpenAI,
+    collector: tito.Collector,
+    model: str,
+    city: str,
+    index: int,
+    sampling: dict[str, float | int] | None = None,
 ) -> tito.Episode:
     """One rollout: ask, let the model call the tool, answer; rewarded for the right tool call
-    and for an answer that uses the tool's result."""
+    and for an answer that uses the tool's result. `sampling` (temperature, top_p, top_k, min_p)
+    applies to both calls; every span records it (`CallSpan.sampling`)."""
+    sampling = {"temperature": 1.0, **(sampling or {})}
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a helpful assistant. Use tools when useful."},
         {"role": "user", "content": f"What is the weather in {city} right now?"},
@@ -76,8 +84,8 @@ async def run_episode(
             tools=TOOLS,
             tool_choice="required",
             max_tokens=64,
-            temperature=1.0,
             seed=index,
+            extra_body=sampling,
         )
         message = first.choices[0].message
         observation = "unknown"
@@ -97,9 +105,9 @@ async def run_episode(
             model=model,
             messages=messages,
             max_tokens=48,
-            temperature=1.0,
             seed=index,
             stream=True,
+            extra_body=sampling,
         )
         answer = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         # 0.5 for asking the tool about the right city, 0.5 for an answer that uses its result
@@ -151,6 +159,16 @@ async def score_trained(base_url: str, model: str, samples: list[tito.Sample]) -
     return gaps
 
 
+async def logprobs_mode(base_url: str, model: str) -> str | None:
+    """The server's `--logprobs-mode`, probed with one token (`tito_agents.sampling`): vLLM does
+    not say it anywhere else a client can read."""
+    from tito_agents.sampling import mode_of_probe, probe_request
+
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=120) as http:
+        response = await http.post("/chat/completions", json=probe_request(model))
+    return mode_of_probe(response.json()) if response.status_code == 200 else None
+
+
 def constrained_gaps(samples: list[tito.Sample]) -> list[float]:
     """|rollout - policy| logprob on trained tokens sampled under a constraint."""
     gaps: list[float] = []
@@ -169,7 +187,21 @@ async def main() -> int:
     parser.add_argument("--episodes", type=int, default=6)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("samples.jsonl"))
+    parser.add_argument("--temperature", type=float, default=None, help="default 1.0")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus truncation (off: 1)")
+    parser.add_argument("--top-k", type=int, default=None, help="top-k truncation (off: 0)")
+    parser.add_argument("--min-p", type=float, default=None, help="min-p truncation (off: 0)")
     args = parser.parse_args()
+    sampling = {
+        key: value
+        for key, value in (
+            ("temperature", args.temperature),
+            ("top_p", args.top_p),
+            ("top_k", args.top_k),
+            ("min_p", args.min_p),
+        )
+        if value is not None
+    }
 
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key="EMPTY", timeout=600)
     model = args.model or (await client.models.list()).data[0].id
@@ -185,7 +217,7 @@ async def main() -> int:
     async def one(i: int) -> tito.Episode:
         nonlocal done
         async with gate:
-            ep = await run_episode(client, collector, model, cities[i % len(cities)], i)
+            ep = await run_episode(client, collector, model, cities[i % len(cities)], i, sampling)
         done += 1
         print(
             f"\r  episodes {done}/{args.episodes}  ({time.time() - started:.0f}s)",
@@ -228,6 +260,18 @@ async def main() -> int:
     print(
         f"constrained     {constrained} trained tokens sampled under a constraint "
         f"({stats.constrained_calls} calls, {stats.rescored_calls} re-scored); {gap_text}"
+    )
+    spans = [span for s in samples for span in s.spans]
+    truncated = sum(span.truncated for span in spans)
+    mode = await logprobs_mode(args.base_url, model)
+    print(
+        f"sampling        {json.dumps(sampling or {'temperature': 1.0})}: {truncated} of "
+        f"{len(spans)} spans truncated; server logprobs mode (probed) {mode}"
+        + (
+            " -- a trainer must use behaviour logprobs (docs/trainer-check.md)"
+            if truncated or sampling.get("temperature", 1.0) != 1.0
+            else ""
+        )
     )
     checked = await score_trained(args.base_url, model, samples)
     if checked:

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tito_agents.errors import CaptureError
+from tito_agents.sampling import ServerSampling
 
 IdArray = npt.NDArray[np.int32]
 LogprobArray = npt.NDArray[np.float32]
@@ -187,6 +188,10 @@ class Call:
     def token_ids(self) -> IdArray:
         """Prompt ids followed by the sampled ids."""
         return np.concatenate((self.prompt_ids, self.sampled_ids))
+    server_sampling: ServerSampling | None = None
+    """What the server adds to the request's sampling (its generation_config defaults, its
+    logprobs mode), when the capture learned or was told it; None: unknown (spans then say
+    "request" and no logprobs mode; `tito_agents.sampling`)."""
 
     def __repr__(self) -> str:
         return (

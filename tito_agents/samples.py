@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from tito_agents.calls import IdArray, LogprobArray
 from tito_agents.errors import SampleFormatError
+from tito_agents.sampling import SamplingParams
 
 MaskArray = npt.NDArray[np.uint8]
 
@@ -63,6 +64,20 @@ class CallSpan:
     re-scored; `Sample.logprobs` is never filled in for them), None (no logprobs captured)."""
     rescore_error: str | None = None
     """Why a span could not be re-scored."""
+    sampling: SamplingParams | None = None
+    """How the engine sampled the span's tokens (temperature, top-p/k, min-p, penalties, logit
+    bias, seed; `tito_agents.sampling`); None in files written before it was recorded, or when
+    the request's values could not be read."""
+    sampling_source: str | None = None
+    """Where `sampling` came from: "request", "request+server_defaults" or "declared"."""
+    logprobs_mode: str | None = None
+    """The server's `--logprobs-mode` ("raw_logprobs": before temperature and truncation,
+    vLLM's default; "processed_logprobs": what it sampled from), None when unknown."""
+
+    @property
+    def truncated(self) -> bool:
+        """The span was sampled from a truncated distribution (top-k, top-p or min-p)."""
+        return self.sampling is not None and self.sampling.is_truncated
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,10 +91,14 @@ class CallSpan:
             "constrained": self.constrained,
             "logprob_source": self.logprob_source,
             "rescore_error": self.rescore_error,
+            "sampling": None if self.sampling is None else self.sampling.to_dict(),
+            "sampling_source": self.sampling_source,
+            "logprobs_mode": self.logprobs_mode,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CallSpan:
+        sampling = data.get("sampling")
         return cls(
             call_id=str(data["call_id"]),
             context_start=int(data["context_start"]),
@@ -91,6 +110,9 @@ class CallSpan:
             constrained=data.get("constrained"),
             logprob_source=data.get("logprob_source"),
             rescore_error=data.get("rescore_error"),
+            sampling=None if sampling is None else SamplingParams.from_dict(sampling),
+            sampling_source=data.get("sampling_source"),
+            logprobs_mode=data.get("logprobs_mode"),
         )
 
 

@@ -32,6 +32,7 @@ from tests.support.e2e_servers import (
     E2E_TIMEOUT,
     SERVER_FIXTURES,
     STANDARD,
+    ServerConfig,
     VllmServers,
 )
 
@@ -92,3 +93,40 @@ def vllm_model(vllm_base_url: str) -> str:
 def vllm_root_url(vllm_base_url: str) -> str:
     """Server root (for /tokenize, /detokenize, /health, which have no /v1 prefix)."""
     return vllm_base_url.removesuffix("/v1")
+
+
+SCALE_OUT = ServerConfig(extra_args="--enable-scale-out")
+"""A server with vLLM's scale-out routes (`/v1/messages/render`: the ids of its own rendering of a
+Messages request). Harmless to add to the standard server's flags (`TITO_VLLM_EXTRA_ARGS`): then
+`vllm_scale_out_url` uses it and no second server starts."""
+
+
+PROCESSED_LOGPROBS = ServerConfig(extra_args="--logprobs-mode processed_logprobs")
+"""A server that returns the logprobs of the distribution it sampled from (after temperature and
+top-k/top-p/min-p; vLLM's `--logprobs-mode` is server-wide, so this is a server of its own unless
+the standard one already runs that mode)."""
+
+
+@pytest.fixture(scope="session")
+def vllm_processed_url(vllm_base_url: str, vllm_model: str, vllm_servers: VllmServers) -> str:
+    """Base URL of a real vLLM started with `--logprobs-mode processed_logprobs`: the standard
+    server when a one-token probe shows it runs that mode, else one started with the flag."""
+    from tito_agents.sampling import PROCESSED_LOGPROBS as MODE
+    from tito_agents.sampling import mode_of_probe, probe_request
+
+    answer = httpx.post(
+        f"{vllm_base_url}/chat/completions", json=probe_request(vllm_model), timeout=120
+    )
+    if answer.status_code == 200 and mode_of_probe(answer.json()) == MODE:
+        return vllm_base_url
+    return vllm_servers.url(PROCESSED_LOGPROBS)
+
+
+@pytest.fixture(scope="session")
+def vllm_scale_out_url(vllm_base_url: str, vllm_servers: VllmServers) -> str:
+    """Base URL of a real vLLM that serves `/v1/messages/render`: the standard server when it
+    does (started with `--enable-scale-out`), else one started with that flag."""
+    probe = httpx.post(f"{vllm_base_url}/messages/render", json={}, timeout=30)
+    if probe.status_code != 403:  # 403: "Scale-out endpoints are disabled"
+        return vllm_base_url
+    return vllm_servers.url(SCALE_OUT)

@@ -37,6 +37,10 @@ _SAMPLING_KEYS = (
     "repetition_penalty",
     "tool_choice",
     "response_format",
+    "min_tokens",
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
     "structured_outputs",
     "guided_json",
     "guided_regex",
@@ -51,8 +55,10 @@ _SAMPLING_SET = frozenset(_SAMPLING_KEYS)
 # --------------------------------------------------------------------------------------------------
 # Requests
 #
-# `sampling` keeps what a trainer needs to interpret the rollout logprobs: temperature and top-p, the
-# logprob settings, and whether decoding was constrained (tool_choice "required"/named, structured
+# `sampling` keeps what a trainer needs to interpret the rollout logprobs: temperature, top-p, top-k
+# and min-p (the truncation the engine sampled under), what reshapes the logits before them
+# (penalties, logit_bias, allowed_token_ids, bad_words, min_tokens; `tito_agents.sampling`), the
+# seed, the logprob settings, and whether decoding was constrained (tool_choice "required"/named, structured
 # outputs): vLLM computes logprobs after the grammar mask, so constrained tokens carry the logprob
 # of the masked distribution, not of the free model.
 

@@ -11,10 +11,12 @@ logprob on every trained token in `Sample.policy_logprobs`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from tito_agents.calls import Call, LogprobArray
+from tito_agents.sampling import span_sampling
 
 POLICY = "policy"
 MASKED = "masked"
@@ -31,12 +33,18 @@ def logprob_source(call: Call) -> str | None:
     return MASKED if call.logprobs is not None else None
 
 
-def span_flags(call: Call) -> dict[str, str | None]:
-    """The `CallSpan` fields that say how the call was sampled."""
+def span_flags(call: Call) -> dict[str, Any]:
+    """The `CallSpan` fields that say how the call was sampled: under which constraint, what its
+    logprobs are, and the sampling parameters and logprobs mode the engine applied (the request's
+    values with what the capture knows of the server: `tito_agents.sampling.span_sampling`)."""
+    sampling, source, mode = span_sampling(call.sampling, call.server_sampling)
     return {
         "constrained": call.constrained,
         "logprob_source": logprob_source(call),
         "rescore_error": call.rescore_error,
+        "sampling": sampling,
+        "sampling_source": source,
+        "logprobs_mode": mode,
     }
 
 

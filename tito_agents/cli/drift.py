@@ -29,6 +29,7 @@ import orjson
 
 from tito_agents.assembly.divergence import common_prefix_len, normalize_template_text
 from tito_agents.calls import IdArray
+from tito_agents.cli import _sampling
 from tito_agents.cli._drift_format import format_drift
 from tito_agents.cli._drift_report import EXAMPLES, DriftReport, EpisodeDrift, SampleDrift
 from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
@@ -300,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
     samples = open_samples(args.samples_file, allow_truncated=args.allow_truncated)
     tokenizer = load_tokenizer(args.tokenizer)
     renderer = _renderer(args, tokenizer)
+    sampling = _sampling.SamplingCounts()  # spans a trainer cannot correct: warned about below
     with Progress(
         "drift",
         enabled=progress_enabled(args.progress),
@@ -307,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
         estimated=not samples.count_is_exact,
     ) as progress:
         report = measure_drift(
-            samples,
+            _sampling.counting(samples, sampling),
             tokenizer,
             renderer=renderer,
             whole_sequences=not args.calls_only,
@@ -322,11 +324,13 @@ def run(args: argparse.Namespace) -> int:
         "tokenizer": str(args.tokenizer),
         "chat_template": None if renderer is None else renderer.origin,
         **report.to_dict(),
+        "sampling": sampling.to_dict(),
     }
     if args.json:
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        sys.stdout.write(format_drift(data) + "\n")
+        warnings = _sampling.warnings(data["sampling"])
+        sys.stdout.write("\n".join([format_drift(data), *warnings]) + "\n")
     drifted = report.calls.drifted > 0
     return EXIT_FINDINGS if drifted and args.fail_on_drift else EXIT_OK
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import orjson
 
+from tito_agents.cli import _sampling
 from tito_agents.cli._errors import EXIT_OK, CliInputError
 from tito_agents.cli._html import Run, render_html
 from tito_agents.cli._layout import CLASS_NAMES, CONTEXT, ENV, TRAINED, SampleView, build_view
@@ -218,9 +219,20 @@ def format_sample(view: SampleView, texts: list[str], paint: Painter) -> str:
         f"trained {counts['trained']:,}   calls {counts['calls']}   rewrite points "
         f"{counts['rewrite_points']}",
         *_constrained_lines(view),
+        *_sampling_lines(sample),
         "",
         table(
-            ("#", "call", "context", "sampled", "finish", "reward", "policy", "constrained"),
+            (
+                "#",
+                "call",
+                "context",
+                "sampled",
+                "finish",
+                "reward",
+                "policy",
+                "constrained",
+                "sampling",
+            ),
             [
                 (
                     k,
@@ -231,6 +243,7 @@ def format_sample(view: SampleView, texts: list[str], paint: Painter) -> str:
                     _reward(s.reward),
                     s.policy_version or "-",
                     _constraint(s),
+                    _sampling.marks(s) or "-",
                 )
                 for k, s in enumerate(sample.spans)
             ],
@@ -251,6 +264,22 @@ def format_sample(view: SampleView, texts: list[str], paint: Painter) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def _sampling_lines(sample: Sample) -> list[str]:
+    """A line when some span was sampled from a truncated distribution (and the warnings for
+    spans whose logprobs a trainer cannot correct from the sample)."""
+    counts = _sampling.SamplingCounts()
+    counts.add(sample.spans)
+    data = counts.to_dict()
+    if not (data["truncated"] or data["tempered"] or data["reshaped"]):
+        return []
+    line = (
+        f"sampling: {data['truncated']} of {len(sample.spans)} span(s) truncated (top-k/top-p/"
+        f"min-p), {data['tempered']} tempered: a trainer needs behaviour logprobs "
+        "(docs/converters.md)"
+    )
+    return [line, *_sampling.warnings(data)]
 
 
 def _constraint(span: Any) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from tito_agents.assembly.divergence import EPISODE_START, DivergenceKind
+from tito_agents.cli import _sampling
 from tito_agents.cli._errors import EXIT_OK, CliInputError
 from tito_agents.cli._progress import Progress, progress_enabled
 from tito_agents.cli._term import human_bytes, percent, table
@@ -54,6 +55,7 @@ class _View:
     constrained_kinds: Counter[str] = field(default_factory=Counter)
     logprob_sources: Counter[str] = field(default_factory=Counter)
     rescore_errors: int = 0
+    sampling: _sampling.SamplingCounts = field(default_factory=_sampling.SamplingCounts)
 
     def add(self, sample: Sample, trained: int) -> None:
         self.samples += 1
@@ -62,6 +64,7 @@ class _View:
         self.trained_tokens += trained
         if sample.reward is not None:
             self.rewards.append(float(sample.reward))
+        self.sampling.add(sample.spans)
         for span in sample.spans:
             kind = getattr(span, "constrained", None)
             if not kind:
@@ -86,6 +89,7 @@ class _View:
         self.constrained_kinds.update(other.constrained_kinds)
         self.logprob_sources.update(other.logprob_sources)
         self.rescore_errors += other.rescore_errors
+        self.sampling.absorb(other.sampling)
 
     def constrained(self) -> dict[str, Any]:
         return {
@@ -105,6 +109,7 @@ class _View:
             "trained_tokens": self.trained_tokens,
             "rewards": _reward_summary(self.rewards, self.samples),
             "constrained": self.constrained(),
+            "sampling": self.sampling.to_dict(),
         }
 
 
@@ -213,6 +218,7 @@ class SampleStats:
             "agents": dict(self.agents.most_common()),
             "rewards": _reward_summary(view.rewards, view.samples),
             "constrained": view.constrained(),
+            "sampling": view.sampling.to_dict(),
         }
         if self.episodes_with_both:
             summary["views"] = {k: v.to_dict() for k, v in self.views.items()}
@@ -319,6 +325,9 @@ def format_stats(summary: dict[str, Any], samples: SampleFile) -> str:
                 ),
             ),
         )
+    sampling = s["sampling"]
+    if sampling["spans"] > sampling["unknown"]:
+        rows.insert(4, ("truncated spans", sampling["truncated"], _sampling.detail(sampling)))
     size = human_bytes(samples.size_bytes)
     what = (
         f"{_parts(len(samples.parts))} {samples.format}, "
@@ -349,6 +358,8 @@ def format_stats(summary: dict[str, Any], samples: SampleFile) -> str:
     if s["agents"] and list(s["agents"]) != ["(none)"]:
         lines.append("agents:        " + _counts(s["agents"]))
     lines += ["", _format_rewards(s["rewards"])]
+    warnings = _sampling.warnings(sampling)
+    lines += ["", *warnings] if warnings else []
     return "\n".join(lines)
 
 

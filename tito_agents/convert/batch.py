@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tito_agents.convert import _sampling_arrays
 from tito_agents.convert._arrays import (
     IGNORE_INDEX,
     Overflow,
@@ -53,12 +54,16 @@ class ShiftedTargets:
     labels: npt.NDArray[np.int64]
     loss_mask: MaskMatrix
     logprobs: FloatMatrix | None
+    sampling: dict[str, npt.NDArray[Any]] | None = None
+    """Per-token temperature, top_p, top_k, min_p of the target token, when the batch has them."""
 
     def arrays(self) -> dict[str, npt.NDArray[Any]]:
-        """The shifted fields by name (`logprobs` only when present), shaped like the batch's."""
+        """The shifted fields by name (`logprobs`, the sampling columns only when present),
+        shaped like the batch's."""
         out: dict[str, npt.NDArray[Any]] = {"labels": self.labels, "loss_mask": self.loss_mask}
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
+        out.update(self.sampling or {})
         return out
 
     def to_torch(self) -> dict[str, Any]:
@@ -72,13 +77,20 @@ def shifted_targets(
     loss_mask: npt.NDArray[np.uint8],
     logprobs: npt.NDArray[np.float32] | None,
     last: npt.NDArray[np.bool_],
+    sampling: dict[str, npt.NDArray[Any]] | None = None,
 ) -> ShiftedTargets:
-    """Shift ids, loss bits and logprobs one step left; `last` marks positions with no next token."""
+    """Shift ids, loss bits, logprobs (and sampling columns) one step left; `last` marks
+    positions with no next token."""
     shifted_mask = shift_left(loss_mask, last, 0)
     labels = shift_left(input_ids.astype(np.int64), last, IGNORE_INDEX)
     labels[shifted_mask == 0] = IGNORE_INDEX
     shifted_lp = None if logprobs is None else shift_left(logprobs, last, 0.0)
-    return ShiftedTargets(labels=labels, loss_mask=shifted_mask, logprobs=shifted_lp)
+    return ShiftedTargets(
+        labels=labels,
+        loss_mask=shifted_mask,
+        logprobs=shifted_lp,
+        sampling=_sampling_arrays.shifted(sampling, last),
+    )
 
 
 def _all_logprobs(samples: Sequence[Sample]) -> bool:
@@ -111,9 +123,13 @@ class PaddedBatch:
     constrained_mask: MaskMatrix | None = None
     """1 on trained tokens sampled under a constraint (forced tool choice, structured output);
     None when no sample has such a span."""
+    sampling: dict[str, npt.NDArray[Any]] | None = None
+    """`temperature`, `top_p`, `top_k`, `min_p` per token (`[B, T]`, neutral off the trained
+    tokens), what `behaviour_logprobs` needs; None unless some span was tempered or truncated."""
 
     def arrays(self) -> dict[str, npt.NDArray[Any]]:
-        """The `[B, T]` fields by name (`logprobs`, `constrained_mask` only when present)."""
+        """The `[B, T]` fields by name (`logprobs`, `constrained_mask`, the sampling columns only
+        when present)."""
         out: dict[str, npt.NDArray[Any]] = {
             "input_ids": self.input_ids,
             "attention_mask": self.attention_mask,
@@ -124,6 +140,7 @@ class PaddedBatch:
             out["logprobs"] = self.logprobs
         if self.constrained_mask is not None:
             out["constrained_mask"] = self.constrained_mask
+        out.update(self.sampling or {})
         return out
 
     def to_torch(self) -> dict[str, Any]:
@@ -137,7 +154,7 @@ class PaddedBatch:
             np.zeros_like(self.lengths) if self.padding_side == "right" else width - self.lengths
         )
         last = _no_next_token(starts, self.lengths, width)
-        return shifted_targets(self.input_ids, self.loss_mask, self.logprobs, last)
+        return shifted_targets(self.input_ids, self.loss_mask, self.logprobs, last, self.sampling)
 
 
 def _no_next_token(
@@ -218,6 +235,9 @@ def pad_batch(
         padding_side=side,
         sample_ids=tuple(s.sample_id for s in samples),
         constrained_mask=constrained,
+        sampling=_sampling_arrays.padded(samples, [(0, k) for k in keep], starts, width)
+        if _sampling_arrays.needed(samples)
+        else None,
     )
 
 
@@ -246,6 +266,8 @@ class SplitBatch:
     sample_ids: tuple[str, ...]
     constrained_mask: MaskMatrix | None = None
     """Over `[B, P + R]`: 1 on trained tokens sampled under a constraint; None when none was."""
+    sampling: dict[str, npt.NDArray[Any]] | None = None
+    """Over `[B, P + R]`: per-token temperature, top_p, top_k, min_p (see `PaddedBatch`)."""
 
     @property
     def response_width(self) -> int:
@@ -297,7 +319,13 @@ class SplitBatch:
             out["response_logprobs"] = self.logprobs[:, self.prompt_width :]
         if self.constrained_mask is not None:
             out["response_constrained_mask"] = self.constrained_mask[:, self.prompt_width :]
+        for name, values in self.response_sampling().items():
+            out[f"response_{name}"] = values
         return out
+
+    def response_sampling(self) -> dict[str, npt.NDArray[Any]]:
+        """The sampling columns over the response half (`{}` when the batch has none)."""
+        return {k: v[:, self.prompt_width :] for k, v in (self.sampling or {}).items()}
 
     def to_torch(self) -> dict[str, Any]:
         """`arrays()` as torch tensors (int64 ids/masks/positions, float32 logprobs)."""
@@ -308,7 +336,7 @@ class SplitBatch:
         starts = self.prompt_width - self.prompt_lengths
         lengths = self.prompt_lengths + self.response_lengths
         last = _no_next_token(starts, lengths, int(self.input_ids.shape[1]))
-        return shifted_targets(self.input_ids, self.loss_mask, self.logprobs, last)
+        return shifted_targets(self.input_ids, self.loss_mask, self.logprobs, last, self.sampling)
 
 
 def pad_split_batch(
@@ -385,4 +413,7 @@ def pad_split_batch(
         truncated=truncated,
         sample_ids=tuple(s.sample_id for s in samples),
         constrained_mask=constrained,
+        sampling=_sampling_arrays.padded(samples, cuts, starts, width)
+        if _sampling_arrays.needed(samples)
+        else None,
     )

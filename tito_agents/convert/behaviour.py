@@ -6,7 +6,9 @@ renormalised; a trainer that scores the full softmax of its own logits is off on
 thirds of the tokens of a truncated span (issue 29). `behaviour_logprobs` (numpy) and
 `behaviour_logprobs_torch` (differentiable) rebuild that distribution from trainer logits and give
 the logprob of each sampled token under it. Both follow one spec, vLLM 0.32's CPU sampler (v1 model
-runner), step by step, per token (`TokenSampling` lets every position carry its own parameters):
+runner), step by step, per token (`TokenSampling` lets every position carry its own parameters;
+`TokenSampling.of_sample` reads them from a sample's spans, `CallSpan.sampling`; `SamplingParams`
+is a record of `tito_agents.sampling`, re-exported here):
 
 1. Inputs. `logits[t]` are the trainer's logits for the position that sampled `token_ids[t]`, in
    float32 or wider (vLLM casts to float32 first, v1/sample/sampler.py:97). Logit bias, bad words,
@@ -53,8 +55,7 @@ masks settle them everywhere.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -62,106 +63,21 @@ import numpy as np
 import numpy.typing as npt
 
 from tito_agents.convert import _behaviour_torch
+from tito_agents.samples import Sample
+from tito_agents.sampling import (
+    GREEDY_EPS,
+    MIN_TEMPERATURE,
+    TRUNCATION_FIELDS,
+    SamplingParams,
+)
 
-GREEDY_EPS = 1e-5
-"""Below this temperature vLLM samples greedily (vllm/v1/sample/sampler.py:19)."""
-
-MIN_TEMPERATURE = 1e-2
-"""vLLM raises a temperature in (0, MIN_TEMPERATURE) to it (vllm/sampling_params.py:30, 557-565)."""
-
-_FIELDS = ("temperature", "top_p", "top_k", "min_p")
-_NEUTRAL: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+_FIELDS = TRUNCATION_FIELDS
+_NEUTRAL_ROW = SamplingParams().as_dict()
 
 Array = TypeVar("Array")
 Support = Sequence[npt.ArrayLike | None] | npt.NDArray[np.bool_]
 """The engine's sampling mask: per token the ids it could sample (None: no mask for that token),
 or a boolean `[T, V]` array. vLLM's generate route returns the first form (`sampling_mask`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How a span's tokens were sampled, with vLLM's values for "off".
-
-    `top_k` 0 or -1 is off (so is any k >= the vocabulary), `top_p` 1.0 is off, `min_p` 0 is off;
-    `temperature` below 1e-5 is greedy. Penalties, logit bias and seed are not here: they act
-    before temperature (see the module docstring) and do not change the truncation rules.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k must be an int, 0 or -1 (off) or >= 1, got {self.top_k!r}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-
-    @property
-    def is_greedy(self) -> bool:
-        """Temperature below 1e-5: the engine took the argmax (truncation does not apply)."""
-        return self.temperature < GREEDY_EPS
-
-    @property
-    def is_truncated(self) -> bool:
-        """Whether top-k, top-p or min-p cut the distribution (greedy spans are not: see
-        `is_greedy`). A top_k at or above the vocabulary size also reads as truncated here."""
-        return not self.is_greedy and (self.top_k > 0 or self.top_p < 1 or self.min_p > 0)
-
-    @property
-    def is_plain(self) -> bool:
-        """Temperature 1, no truncation: the raw softmax is what sampled (no correction needed)."""
-        return self.temperature == 1.0 and not self.is_truncated
-
-    def as_dict(self) -> dict[str, float | int]:
-        return {name: getattr(self, name) for name in _FIELDS}
-
-    @classmethod
-    def from_request(
-        cls, request: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
-    ) -> SamplingParams:
-        """The parameters vLLM samples a request with, from its JSON body.
-
-        Chat and completions requests carry them at the top level; a field left out (or null)
-        takes `defaults` (the server's `generation_config` defaults, when known), else vLLM's
-        neutral value (vllm/entrypoints/openai/chat_completion/protocol.py:677-730). A body with a
-        `sampling_params` object (the token-in `/inference/v1/generate` route) is read from that
-        object, and there the server applies no generation_config default to these four fields
-        (only to max_tokens: vllm/entrypoints/scale_out/token_in_token_out/serving.py:320-331), so
-        `defaults` is ignored. vLLM's own normalisation follows: 0 < temperature < 0.01 becomes
-        0.01, greedy switches truncation off, and top_k -1 is written 0 (both mean off).
-        """
-        nested = request.get("sampling_params")
-        source: Mapping[str, Any] = nested if isinstance(nested, Mapping) else request
-        fallback: Mapping[str, Any] = {} if source is nested else (defaults or {})
-        values: dict[str, Any] = {}
-        for name in _FIELDS:
-            value = source.get(name)
-            if value is None:
-                value = fallback.get(name)
-            if value is None:
-                value = _NEUTRAL[name]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number, got {value!r}")
-            values[name] = value
-        if values["top_k"] != int(values["top_k"]):
-            raise ValueError(f"top_k must be an integer, got {values['top_k']!r}")
-        temperature = float(values["temperature"])
-        if 0 < temperature < MIN_TEMPERATURE:
-            temperature = MIN_TEMPERATURE
-        if temperature < GREEDY_EPS:
-            return cls(temperature=temperature)
-        return cls(
-            temperature=temperature,
-            top_p=float(values["top_p"]),
-            top_k=max(int(values["top_k"]), 0),
-            min_p=float(values["min_p"]),
-        )
 
 
 @dataclass(frozen=True)
@@ -211,6 +127,27 @@ class TokenSampling:
             return np.repeat(np.array([getattr(p, name) for p, _ in spans], dtype=float), counts)
 
         return cls(*(column(name) for name in _FIELDS))
+
+    @classmethod
+    def of_sample(cls, sample: Sample) -> TokenSampling:
+        """Per position of `sample` (unshifted, like its logprobs: position t holds how token t
+        was sampled): each span's `CallSpan.sampling` on its sampled tokens, neutral values
+        elsewhere and on spans that do not say (files written before spans recorded it)."""
+        columns = {name: np.full(sample.num_tokens, _NEUTRAL_ROW[name]) for name in _FIELDS}
+        for span in sample.spans:
+            if span.sampling is None:
+                continue
+            for name in _FIELDS:
+                columns[name][span.start : span.end] = getattr(span.sampling, name)
+        return cls(**columns)
+
+    def take(self, index: npt.ArrayLike) -> TokenSampling:
+        """The rows at `index` (e.g. a sample's trained positions, `np.flatnonzero(loss_mask)`)."""
+        return TokenSampling(*(getattr(self, name)[index] for name in _FIELDS))
+
+    def arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """The four per-token arrays by name (what a converter lays out beside the logprobs)."""
+        return {name: getattr(self, name) for name in _FIELDS}
 
 
 class BehaviourLogprobs(NamedTuple, Generic[Array]):

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tito_agents.convert import _sampling_arrays
 from tito_agents.convert._arrays import to_torch, torch_module
 from tito_agents.convert._common import ConversionError, require_samples
 from tito_agents.convert.batch import ShiftedTargets, shifted_targets
@@ -44,6 +45,9 @@ class PackedBatch:
     sample_ids: tuple[str, ...]
     constrained_mask: npt.NDArray[np.uint8] | None = None
     """1 on trained tokens sampled under a constraint; None when no sample has such a span."""
+    sampling: dict[str, npt.NDArray[Any]] | None = None
+    """`temperature`, `top_p`, `top_k`, `min_p` per token (neutral off the trained tokens), what
+    `behaviour_logprobs` needs; None unless some span was tempered or truncated."""
 
     @property
     def num_tokens(self) -> int:
@@ -64,6 +68,7 @@ class PackedBatch:
             out["advantages"] = self.advantages
         if self.constrained_mask is not None:
             out["constrained_mask"] = self.constrained_mask
+        out.update(self.sampling or {})
         return out
 
     def to_torch(self) -> dict[str, Any]:
@@ -77,7 +82,7 @@ class PackedBatch:
         last = np.zeros(self.num_tokens, dtype=np.bool_)
         ends = self.cu_seqlens[1:] - 1
         last[ends[ends >= self.cu_seqlens[:-1]]] = True
-        return shifted_targets(self.input_ids, self.loss_mask, self.logprobs, last)
+        return shifted_targets(self.input_ids, self.loss_mask, self.logprobs, last, self.sampling)
 
 
 def pack_batch(
@@ -122,6 +127,7 @@ def pack_batch(
         advantages=per_token_adv,
         sample_ids=tuple(s.sample_id for s in samples),
         constrained_mask=constrained,
+        sampling=_sampling_arrays.packed(samples) if _sampling_arrays.needed(samples) else None,
     )
 
 

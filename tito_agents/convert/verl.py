@@ -92,6 +92,7 @@ class VerlBatch:
         constrained = self.split.response_constrained_mask
         if constrained is not None:  # an extra tensor verl carries along; see docs/converters.md
             out["constrained_mask"] = constrained
+        out.update(self.split.response_sampling())  # [B, R] temperature, top_p, top_k, min_p
         return out
 
     def non_tensors(self) -> dict[str, npt.NDArray[Any]]:

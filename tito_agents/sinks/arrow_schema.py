@@ -28,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without pyarrow
     raise missing("pyarrow") from exc
 
 __all__ = [
+    "SAMPLING_TYPE",
     "SCHEMA",
     "SPAN_TYPE",
     "TOKEN_COLUMNS",
@@ -38,6 +39,26 @@ __all__ = [
 
 TOKEN_COLUMNS = ("token_ids", "loss_mask", "logprobs", "policy_logprobs")
 """The array columns: no dictionary encoding, no statistics (both cost much and help nothing)."""
+
+SAMPLING_TYPE = pa.struct(
+    [
+        ("temperature", pa.float64()),
+        ("top_p", pa.float64()),
+        ("top_k", pa.int32()),
+        ("min_p", pa.float64()),
+        ("presence_penalty", pa.float64()),
+        ("frequency_penalty", pa.float64()),
+        ("repetition_penalty", pa.float64()),
+        ("seed", pa.int64()),
+        ("min_tokens", pa.int32()),
+        ("logit_bias", pa.list_(pa.struct([("token_id", pa.int32()), ("bias", pa.float64())]))),
+        ("allowed_token_ids", pa.list_(pa.int32())),
+        ("bad_words", pa.list_(pa.string())),
+    ]
+)
+"""`CallSpan.sampling` (`SamplingParams.to_dict`): typed columns a query can filter on (spans
+sampled with top_p < 1, ...); `logit_bias` as a list of (token_id, bias) structs (Hugging Face
+`datasets` reads no Arrow map type)."""
 
 SPAN_TYPE = pa.struct(
     [
@@ -51,8 +72,13 @@ SPAN_TYPE = pa.struct(
         ("constrained", pa.string()),
         ("logprob_source", pa.string()),
         ("rescore_error", pa.string()),
+        ("sampling", SAMPLING_TYPE),
+        ("sampling_source", pa.string()),
+        ("logprobs_mode", pa.string()),
     ]
 )
+"""One `CallSpan`. Files written before a field existed lack it; `CallSpan.from_dict` reads
+those as None."""
 
 SCHEMA = pa.schema(
     [

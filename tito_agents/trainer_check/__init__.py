@@ -4,7 +4,9 @@ Loads the weights the CPU vLLM serves into transformers (fp32 or bf16), feeds it
 layout the way its trainer does (`layouts`), and reports how far the trainer's logprobs are from
 the rollout logprobs on every trained token (`stats.RatioStats`), beside the same episodes rebuilt
 as a text-based collector would (`text_pipeline`). `step.grpo_step` runs one clipped-surrogate GRPO
-step on the packed converter output and `step.save_policy` writes the weights for vLLM.
+step on the packed converter output and `step.save_policy` writes the weights for vLLM. Samples
+sampled tempered or truncated are also scored against behaviour logprobs (`behaviour`; measured
+per configuration by `python -m tito_agents.trainer_check.sampling_run`).
 
 Needs torch and transformers (`pip install '.[trainer-check]'` in a checkout), imported on first use.
 See docs/trainer-check.md.
@@ -12,6 +14,7 @@ See docs/trainer-check.md.
 
 from __future__ import annotations
 
+from tito_agents.trainer_check.behaviour import BehaviourFigures, behaviour_figures
 from tito_agents.trainer_check.compare import (
     Comparison,
     PipelineFigures,
@@ -28,11 +31,13 @@ from tito_agents.trainer_check.step import StepResult, grpo_step, save_policy
 __all__ = [
     "CLIP",
     "LAYOUTS",
+    "BehaviourFigures",
     "Comparison",
     "PipelineFigures",
     "RatioStats",
     "StepResult",
     "TokenScores",
+    "behaviour_figures",
     "compare",
     "constrained_calls",
     "constrained_mask",

@@ -21,7 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tito_agents.calls import Call
+from tito_agents.convert._sampling_arrays import needed as needs_behaviour
 from tito_agents.samples import Sample
+from tito_agents.trainer_check.behaviour import BehaviourFigures, behaviour_figures
 from tito_agents.trainer_check.layouts import LAYOUTS, TokenScores, score_layout
 from tito_agents.trainer_check.model import load_policy, load_tokenizer, next_token_logprobs
 from tito_agents.trainer_check.stats import CLIP, RatioStats
@@ -151,6 +153,9 @@ class Comparison:
     """Free-token log ratios per pipeline ("tito", "text") in the first dtype, for the plot."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Whatever else the run reports (the RL step, the second round)."""
+    behaviour: dict[str, BehaviourFigures] = field(default_factory=dict)
+    """`behaviour[dtype]`: naive and behaviour-corrected ratios (`behaviour.behaviour_figures`),
+    in the first dtype, when some span was sampled tempered or truncated."""
 
     def headline(self) -> tuple[str, str]:
         """The two lines that matter: tito and the text pipeline, first dtype, free tokens; tito's
@@ -181,6 +186,7 @@ class Comparison:
             "text": {d: v.to_dict() for d, v in self.text.items()},
             "log_ratios": self.log_ratios,
             "extra": self.extra,
+            "behaviour": {d: v.to_dict() for d, v in self.behaviour.items()},
         }
 
 
@@ -341,6 +347,9 @@ def compare(
                 figures, ratios = _layout_figures(scores, samples, calls, constrained)
                 result.tito[dtype][layout] = figures
                 result.log_ratios.setdefault("tito", ratios[:HISTOGRAM_LIMIT].tolist())
+            if first and needs_behaviour(samples):
+                say(f"scoring behaviour logprobs in {dtype}")
+                result.behaviour[dtype] = behaviour_figures(model, samples)
         if rows is not None and dtype in text_dtypes:
             say(f"scoring the text pipeline in {dtype}")
             figures, ratios = _text_figures(model, rows, pad_id)

@@ -7,10 +7,15 @@ minimal form every PPO-style trainer computes, token-mean over the trained token
     loss    = -mean_t min(ratio_t * A, clip(ratio_t, 1 - eps, 1 + eps) * A)
 
 `logp_old` is the rollout logprob the sample carries (`Sample.ratio_logprobs`: its
-`policy_logprobs` where a constrained span was re-scored). Tokens sampled under a constraint and not
-re-scored have no usable rollout logprob (vLLM returns the grammar-masked distribution's), so they
-take the trainer's own detached value: ratio 1, a plain on-policy gradient. No KL term, no entropy
-bonus, one optimizer step.
+`policy_logprobs` where a constrained span was re-scored). When spans were sampled tempered or
+truncated (`CallSpan.sampling`) and their rollout logprobs are the processed ones
+(`logprobs_mode`), `logp_new` is the behaviour logprob (`behaviour_logprobs_torch`: the
+distribution the engine sampled from, rebuilt from the trainer's logits); a sampled token outside
+the support the trainer computes is left out of the loss. (Raw rollout logprobs of such spans
+cannot be corrected from the sample: the step keeps the full softmax, and `tito-agents stats`
+warns.) Tokens sampled under a constraint and not re-scored have no usable rollout logprob (vLLM
+returns the grammar-masked distribution's), so they take the trainer's own detached value: ratio
+1, a plain on-policy gradient. No KL term, no entropy bonus, one optimizer step.
 """
 
 from __future__ import annotations
@@ -22,8 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from tito_agents.convert import IGNORE_INDEX, group_advantages, pack_batch
+from tito_agents.convert import (
+    IGNORE_INDEX,
+    TokenSampling,
+    behaviour_logprobs_torch,
+    group_advantages,
+    pack_batch,
+)
 from tito_agents.samples import Sample
+from tito_agents.sampling import PROCESSED_LOGPROBS
 from tito_agents.trainer_check import _deps
 from tito_agents.trainer_check.model import block_causal_mask, gather_logprobs
 from tito_agents.trainer_check.stats import CLIP
@@ -56,6 +68,17 @@ def old_logprobs(sample: Sample, masked: np.ndarray) -> np.ndarray:
     if values is None:
         raise ValueError(f"sample {sample.sample_id}: no rollout logprobs")
     return np.where(masked, np.nan, values.astype(np.float64))
+
+
+def _processed(samples: Sequence[Sample]) -> bool:
+    """Every tempered or truncated span holds processed logprobs (what sampled)."""
+    return all(
+        span.logprobs_mode == PROCESSED_LOGPROBS
+        for sample in samples
+        for span in sample.spans
+        if span.sampling is not None
+        and (span.sampling.temperature != 1.0 or span.sampling.is_truncated)
+    )
 
 
 def grpo_step(
@@ -92,13 +115,22 @@ def grpo_step(
     ).logits.float()[0]
     index = torch.from_numpy(np.flatnonzero(keep))
     labels = torch.from_numpy(targets.labels.astype(np.int64))[index]
-    new = gather_logprobs(logits[index], labels)
+    inside = torch.ones(labels.shape[0], dtype=torch.bool)
+    if targets.sampling is None or not _processed(samples):
+        new = gather_logprobs(logits[index], labels)
+    else:  # the distribution the engine sampled from, per token
+        per_token = TokenSampling(
+            *(targets.sampling[name][keep] for name in ("temperature", "top_p", "top_k", "min_p"))
+        )
+        behaviour = behaviour_logprobs_torch(logits[index], labels, per_token)
+        inside = ~behaviour.outside
+        new = torch.where(inside, behaviour.logprobs, torch.zeros_like(behaviour.logprobs))
     old_t = torch.from_numpy(old_shifted[keep]).float()
-    old_t = torch.where(torch.isnan(old_t), new.detach(), old_t)
+    old_t = torch.where(torch.isnan(old_t) | ~inside, new.detach(), old_t)
     adv = torch.from_numpy(batch.advantages[keep].astype(np.float32))
     ratio = torch.exp(new - old_t)
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
-    loss = -surrogate.mean()
+    loss = -(surrogate * inside).sum() / inside.sum().clamp(min=1)
     optimizer.zero_grad()
     loss.backward()
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))

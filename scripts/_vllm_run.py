@@ -205,6 +205,10 @@ def server_command(port_: int) -> list[str]:
         # requests may carry their own `chat_template` (the e2e template matrix renders real
         # templates of other families with one server instead of a restart per template)
         "--trust-request-chat-template",
+        # the scale-out routes (`/v1/messages/render`, `/v1/chat/completions/render`,
+        # `/inference/v1/generate`): the Messages e2e tests compare prompt ids with the server's
+        # own render; the gateway never forwards them
+        "--enable-scale-out",
     ]
     extra = os.environ.get("TITO_VLLM_EXTRA_ARGS")
     if extra:

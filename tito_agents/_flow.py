@@ -2,25 +2,40 @@
 
 `request_flow` is a generator: it decides whether to capture a request, runs a token-in session
 plan, rewrites the request, and turns the response into what the caller gets, and whenever it
-needs I/O it yields a step (`Send`, `Tokenize`, `ReadBody`, `Close`) and waits to be sent its
+needs I/O it yields a step (`Send`, `Tokenize`, `Fetch`, `ReadBody`, `Close`) and waits to be sent its
 result (or thrown its exception). The sync and async transports in `_transport` are two short
 runners that perform the steps, so the two paths cannot drift apart (as `sessions.plan` does for
 session planning).
+
+An Anthropic Messages request (`/v1/messages`) is sent as vLLM's own chat conversion to
+`/v1/chat/completions` (`_wire.request`), recorded as a chat call, and its answer converted back
+(`_messages_answer`): the caller gets what vLLM's `/v1/messages` answers. A request the conversion
+leaves to the server, or one the chat endpoint refuses, goes to `/v1/messages` as the caller wrote it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from tito_agents import rescore
-from tito_agents._capture import CaptureCore, PendingCall, StreamTee
-from tito_agents.calls import ScoringEndpoint
+from tito_agents._capture import CaptureCore, PendingCall
+from tito_agents._capture.decoders import content_decoders as _content_decoders
+from tito_agents._capture.messages import COUNT_TOKENS, MessagesRelay, probe_plan
+from tito_agents._wire import endpoint_for_path
+from tito_agents._wire.messages_probe import probes_needed
+from tito_agents._wire.messages_reply import (
+    ReplyError,
+    encode_body,
+    error_body,
+    messages_response,
+)
+from tito_agents.calls import Endpoint, ScoringEndpoint
 
 logger = logging.getLogger("tito_agents")
 
@@ -41,6 +56,14 @@ class Tokenize:
 
 
 @dataclass(frozen=True, slots=True)
+class Fetch:
+    """Send these requests (independent: at once where the runner can) and read each body; the
+    result is each one's `(status, body)`, or None where it failed."""
+
+    requests: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
 class ReadBody:
     """Read `response` whole; the result is its body. `decoded`: through the HTTP library's
     decoders (a server compressed it anyway), else the raw chunks (then the response is closed)."""
@@ -56,30 +79,35 @@ class Close:
     response: Any
 
 
-Step = Send | Tokenize | ReadBody | Close
+Step = Send | Tokenize | Fetch | ReadBody | Close
 Flow = Generator[Step, Any, Any]
 """Yields steps, is sent their results, returns the response for the caller."""
-TeeStream = Callable[[Any, StreamTee], Any]
-"""Wraps a response's byte stream so each chunk also feeds the tee (sync or async stream class)."""
+TeeStream = Callable[..., Any]
+"""Wraps a response's byte stream so each chunk also feeds the tee (sync or async stream class);
+`(stream, tee)`, or `(stream, tee, relay)` where the caller gets what a `MessagesRelay` makes of
+the chunks."""
 
 
 def request_flow(module: Any, core: CaptureCore, request: Any, tee_stream: TeeStream) -> Flow:
     """The whole flow of one request through a capture transport (see the module docstring)."""
-    decided = _decide(core, request)
+    options = yield from _messages_options(module, core, request)
+    decided = _decide(core, request, options)
     if decided is None:
         return (yield Send(request))
     body, pending = decided
+    messages = pending.info.translated_from == "messages"
     try:
         if pending.plan is not None:
             body = yield from _plan_flow(module, core, request, pending, body)
-        captured = _rebuild(module, request, body)
+        chat_path = f"{_api_root(request)}/chat/completions" if messages else None
+        captured = _rebuild(module, request, body, chat_path)
     except Exception as exc:  # a capture bug never breaks the call: it goes out uncaptured
         core.abandon(pending, exc)
         return (yield Send(request))
     except BaseException:  # cancelled before it was sent: not in flight any more
         core.discard(pending, None)
         raise
-    request = captured
+    original, request = request, captured
     try:
         response = yield Send(request)
     except BaseException:
@@ -87,7 +115,11 @@ def request_flow(module: Any, core: CaptureCore, request: Any, tee_stream: TeeSt
         raise
     if not 200 <= response.status_code < 300:
         core.discard(pending, response.status_code)
+        if messages:
+            return (yield from _messages_error(module, original, response))
         return response
+    if messages:
+        return (yield from _messages_answer(module, core, pending, original, response, tee_stream))
     stream, encoded = _body_kind(response)
     decoders, unreadable = _content_decoders(module, response) if encoded else (None, None)
     if stream:  # the caller's client decodes its own copy, as without capture
@@ -154,14 +186,18 @@ def tokens_of(status: int, body: bytes) -> list[int] | None:
 # ---- request and response building (the HTTP library's own classes, given as `module`) ----
 
 
-def _decide(core: CaptureCore, request: Any) -> tuple[bytes, PendingCall] | None:
+def _decide(
+    core: CaptureCore, request: Any, options: dict[str, Any] | None = None
+) -> tuple[bytes, PendingCall] | None:
     """Whether to capture `request`; if so, the body to send (rewritten) and its pending record."""
     try:
         body = request.content
     except Exception:  # a streaming upload: not an OpenAI-style JSON request
         return None
     url = request.url
-    decision = core.begin(request.method, url.host, url.port, url.path, body)
+    decision = core.begin(
+        request.method, url.host, url.port, url.path, body, messages_options=options
+    )
     if decision is None:
         return None
     new_body, pending = decision
@@ -186,62 +222,19 @@ def _body_kind(response: Any) -> tuple[bool, bool]:
     return stream, encoded
 
 
-def _joined(out: bytes | Iterable[bytes]) -> bytes:
-    return out if isinstance(out, bytes) else b"".join(out)
-
-
-class _Decoders:
-    """The content decoders of one response as one incremental decoder for the stream tee.
-
-    They are the HTTP library's own (its private `_decoders`), so capture reads exactly what the
-    caller's client decodes from the same bytes. Encodings apply in the order listed, so the last
-    is undone first. httpx's decoders return bytes, httpx2's yield bounded pieces: both are read
-    as bytes here."""
-
-    __slots__ = ("_chain",)
-
-    def __init__(self, decoders: list[Any]) -> None:
-        self._chain = decoders[::-1]
-
-    def decode(self, data: bytes) -> bytes:
-        for decoder in self._chain:
-            data = _joined(decoder.decode(data))
-        return data
-
-    def flush(self) -> bytes:
-        data = b""
-        for decoder in self._chain:
-            data = _joined(decoder.decode(data)) + _joined(decoder.flush())
-        return data
-
-
-def _content_decoders(module: Any, response: Any) -> tuple[_Decoders | None, str | None]:
-    """For a body a server compressed although capture asked for `identity`: (its decoder, None),
-    or (None, the encoding the HTTP library cannot decode, which it would pass on undecoded)."""
-    supported = getattr(getattr(module, "_decoders", None), "SUPPORTED_DECODERS", None) or {}
-    decoders = []
-    for name in response.headers.get_list("content-encoding", split_commas=True):
-        name = name.strip().lower()
-        if name in ("", "identity"):
-            continue
-        try:
-            decoders.append(supported[name]())
-        except Exception:  # unknown here, or a library whose decoders take arguments
-            return None, name
-    return (_Decoders(decoders) if decoders else None), None
-
-
 _REPLACED_REQUEST_HEADERS = (b"content-length", b"accept-encoding")
 
 
-def _rebuild(module: Any, request: Any, body: bytes) -> Any:
-    """`request` with `body`, uncompressed responses asked for (the SSE tee reads raw bytes). The
-    headers are copied as raw pairs: several times cheaper than a `Headers` copy, per call."""
+def _rebuild(module: Any, request: Any, body: bytes, path: str | None = None) -> Any:
+    """`request` with `body`, uncompressed responses asked for (the SSE tee reads raw bytes), to
+    `path` (without the query) where given. The headers are copied as raw pairs: several times
+    cheaper than a `Headers` copy, per call."""
     headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _REPLACED_REQUEST_HEADERS]
     headers += ((b"accept-encoding", b"identity"), (b"content-length", b"%d" % len(body)))
+    url = request.url if path is None else request.url.copy_with(path=path, query=None)
     rebuilt = module.Request(
         request.method,
-        request.url,
+        url,
         headers=headers,
         stream=module.ByteStream(body),
         extensions=request.extensions,
@@ -260,7 +253,7 @@ def _already_read(response: Any) -> bytes | None:
 _REPLACED_RESPONSE_HEADERS = (b"content-length", b"content-encoding", b"transfer-encoding")
 
 
-def _with_body(module: Any, response: Any, body: bytes) -> Any:
+def _with_body(module: Any, response: Any, body: bytes, status: int | None = None) -> Any:
     """`response` carrying `body` (decoded), already read: the client's own read of it is then a
     no-op instead of a second pass through httpx's decoder and chunker generators (measured:
     about 35 us per call, more than all of capture's parsing). Raw header pairs, as in
@@ -271,7 +264,7 @@ def _with_body(module: Any, response: Any, body: bytes) -> Any:
     ]
     headers.append((b"content-length", b"%d" % len(body)))
     rebuilt = module.Response(
-        response.status_code,
+        response.status_code if status is None else status,
         headers=headers,
         stream=module.ByteStream(body),
         extensions=response.extensions,
@@ -285,7 +278,7 @@ def _with_body(module: Any, response: Any, body: bytes) -> Any:
 def _api_root(request: Any) -> str:
     """The API path of `request` without its endpoint: "/v1" for ".../v1/chat/completions"."""
     path: str = request.url.path.rstrip("/")
-    for suffix in ("/chat/completions", "/completions", "/responses"):
+    for suffix in ("/chat/completions", "/completions", "/responses", "/messages"):
         if path.endswith(suffix):
             return path[: -len(suffix)]
     return path
@@ -299,16 +292,150 @@ def _scoring_endpoint(request: Any) -> ScoringEndpoint:
     return ScoringEndpoint(str(url), (("authorization", auth),) if auth else ())
 
 
+def _tokenize_path(api_root: str) -> str:
+    """vLLM serves `/tokenize` at its root, not under /v1."""
+    return f"{api_root.removesuffix('/v1')}/tokenize"
+
+
 def _tokenize_request(module: Any, request: Any, payload: dict[str, Any]) -> Any:
-    """A `POST /tokenize` to the server of `request` (vLLM serves it at the root, not under /v1)."""
-    path = _api_root(request).removesuffix("/v1")
+    """A `POST /tokenize` to the server of `request`."""
     headers = {"content-type": "application/json", "accept-encoding": "identity"}
     if "authorization" in request.headers:
         headers["authorization"] = request.headers["authorization"]
     return module.Request(
         "POST",
-        request.url.copy_with(path=f"{path}/tokenize", query=None),
+        request.url.copy_with(path=_tokenize_path(_api_root(request)), query=None),
         headers=headers,
         content=orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
         extensions=request.extensions,
     )
+
+
+# ---- Anthropic Messages calls (sent as vLLM's chat conversion; `_capture.messages`) ----
+
+
+def _messages_options(module: Any, core: CaptureCore, request: Any) -> Flow:
+    """For a `/v1/messages` request to a vLLM host: the server's conversion choices it needs,
+    probed once per (server, model) when a request first needs one (`_capture.messages`);
+    None for any other request (nothing is read)."""
+    url = request.url
+    if (
+        request.method != "POST"
+        or endpoint_for_path(url.path) is not Endpoint.MESSAGES
+        or not core.is_vllm_host(url.host, url.port)
+    ):
+        return None
+    try:
+        payload = orjson.loads(request.content)
+        model = payload["model"]
+    except Exception:  # not a readable Messages request: `_decide` sends it as written
+        return None
+    if type(model) is not str:
+        return None
+    known = core.messages_options.setdefault((f"{url.host}:{url.port}", model), {})
+    missing = [name for name in probes_needed(payload) if name not in known]
+    if missing:
+        found: dict[str, Any] = {}
+        plan = probe_plan(model, missing)
+        try:
+            asks = next(plan)
+            while True:
+                answers = yield Fetch([_probe_request(request, ask) for ask in asks])
+                asks = plan.send(answers)
+        except StopIteration as stop:
+            found = stop.value
+        except Exception:  # unknown choices: requests that need them go uncaptured
+            logger.warning("could not probe the server's Messages conversion", exc_info=True)
+        for name in missing:
+            known[name] = found.get(name)
+    return dict(known)
+
+
+def _probe_request(request: Any, ask: tuple[str, dict[str, Any]]) -> Any:
+    """A probe request to the server of `request`, with its headers (its credentials)."""
+    kind, payload = ask
+    root = _api_root(request)
+    path = f"{root}/messages/count_tokens" if kind == COUNT_TOKENS else _tokenize_path(root)
+    headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _PROBE_DROPPED]
+    headers += ((b"content-type", b"application/json"), (b"accept-encoding", b"identity"))
+    return type(request)(
+        "POST",
+        request.url.copy_with(path=path, query=None),
+        headers=headers,
+        content=orjson.dumps(payload),
+        extensions=request.extensions,
+    )
+
+
+_PROBE_DROPPED = (b"content-length", b"accept-encoding", b"content-type")
+
+
+def _messages_answer(
+    module: Any,
+    core: CaptureCore,
+    pending: PendingCall,
+    original: Any,
+    response: Any,
+    tee_stream: TeeStream,
+) -> Flow:
+    """What the caller of a Messages call gets from its 2xx chat answer (recorded as a chat
+    call): vLLM's Messages body, or its Messages events relayed as the chunks arrive."""
+    status = response.status_code
+    stream, encoded = _body_kind(response)
+    decoders, unreadable = _content_decoders(module, response) if encoded else (None, None)
+    if unreadable is not None:  # neither the call nor the answer can be read: vLLM's own
+        try:
+            core.refuse_body(pending, status, unreadable)
+        except BaseException:  # the strict policy fails the call
+            yield Close(response)
+            raise
+        yield Close(response)
+        return (yield Send(original))
+    if stream:
+        tee = core.open_stream(pending, status, decompressor=decoders)
+        relay = MessagesRelay(_content_decoders(module, response)[0] if encoded else None)
+        headers = [
+            (k, v) for k, v in response.headers.raw if k.lower() not in _REPLACED_RESPONSE_HEADERS
+        ]
+        return module.Response(
+            status,
+            headers=headers,
+            stream=tee_stream(response.stream, tee, relay),
+            extensions=response.extensions,
+        )
+    try:
+        already = _already_read(response)
+        body = already if already is not None else (yield ReadBody(response, decoded=encoded))
+    except BaseException:
+        core.discard(pending, status)
+        raise
+    core.finish_body(pending, status, body)
+    try:
+        answer = encode_body(messages_response(orjson.loads(body)))
+    except ReplyError as error:  # vLLM's converter fails on this answer the same way
+        answer, status = encode_body(error.body), error.status
+    except Exception:  # an answer this converter cannot read (a bug): vLLM's own, uncaptured view
+        logger.warning("could not convert a chat answer to a Messages answer", exc_info=True)
+        return (yield Send(original))
+    return _with_body(module, response, answer, status)
+
+
+def _messages_error(module: Any, original: Any, response: Any) -> Flow:
+    """The caller's answer when the chat endpoint answered a Messages call with an error. A
+    request error (4xx) is vLLM's own answer to the caller's request: it is sent again, as
+    written, to `/v1/messages` (whose checks and wording differ from the chat endpoint's). A
+    server error (5xx: overloaded, the engine gone) is not sent again (that would double the
+    load and answer uncaptured): its body is given in vLLM's Messages error shape, as
+    `/v1/messages` translates it (the client retries as it would)."""
+    if response.status_code < 500:
+        yield Close(response)
+        return (yield Send(original))
+    _, encoded = _body_kind(response)
+    already = _already_read(response)
+    body = already if already is not None else (yield ReadBody(response, decoded=encoded))
+    try:
+        error = orjson.loads(body)["error"]
+        body = encode_body(error_body(error["type"], error["message"]))
+    except Exception:  # not vLLM's error shape: passed on as it came
+        pass
+    return _with_body(module, response, body)

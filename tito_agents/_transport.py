@@ -17,7 +17,18 @@ from typing import Any
 import anyio
 
 from tito_agents._capture import CaptureCore, StreamTee
-from tito_agents._flow import Close, Flow, ReadBody, Send, Step, Tokenize, request_flow, tokens_of
+from tito_agents._capture.messages import MessagesRelay
+from tito_agents._flow import (
+    Close,
+    Fetch,
+    Flow,
+    ReadBody,
+    Send,
+    Step,
+    Tokenize,
+    request_flow,
+    tokens_of,
+)
 
 
 class _Driver:
@@ -68,6 +79,8 @@ def _do_sync(step: Step, inner: Any) -> Any:
         return inner.handle_request(step.request)
     if isinstance(step, Tokenize):
         return [_tokenize_sync(inner, request) for request in step.requests]
+    if isinstance(step, Fetch):
+        return [_fetch_sync(inner, request) for request in step.requests]
     if isinstance(step, ReadBody):
         if step.decoded:
             return step.response.read()
@@ -87,6 +100,28 @@ def _tokenize_sync(inner: Any, request: Any) -> list[int] | None:
         response.close()
 
 
+def _fetch_sync(inner: Any, request: Any) -> tuple[int, bytes] | None:
+    try:
+        response = inner.handle_request(request)
+        try:
+            return response.status_code, response.read()
+        finally:
+            response.close()
+    except Exception:  # a probe that fails decides nothing
+        return None
+
+
+async def _fetch_async(inner: Any, request: Any) -> tuple[int, bytes] | None:
+    try:
+        response = await inner.handle_async_request(request)
+        try:
+            return response.status_code, await response.aread()
+        finally:
+            await response.aclose()
+    except Exception:  # a probe that fails decides nothing
+        return None
+
+
 async def _run_async(flow: Flow, inner: Any) -> Any:
     """`_run_sync` for the async transport: the same flow, awaited I/O."""
     driver = _Driver(flow)
@@ -101,6 +136,8 @@ async def _do_async(step: Step, inner: Any) -> Any:
         return await inner.handle_async_request(step.request)
     if isinstance(step, Tokenize):
         return await _tokenize_all(inner, step.requests)
+    if isinstance(step, Fetch):  # a few small probes, once per server: one after the other
+        return [await _fetch_async(inner, request) for request in step.requests]
     if isinstance(step, ReadBody):
         if step.decoded:
             return await step.response.aread()
@@ -139,17 +176,25 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
     """The (sync, async) capture transport classes for `module` (httpx or httpx2)."""
 
     class SyncTee(module.SyncByteStream):  # type: ignore[name-defined,misc]
-        """The response stream handed to the caller; each chunk also feeds the tee."""
+        """The response stream handed to the caller; each chunk also feeds the tee. With a
+        `relay` (Messages calls), the caller gets what the relay makes of each chunk instead."""
 
-        def __init__(self, inner: Any, tee: StreamTee) -> None:
+        def __init__(self, inner: Any, tee: StreamTee, relay: MessagesRelay | None = None) -> None:
             self._inner = inner
             self._tee = tee
+            self._relay = relay
 
         def __iter__(self) -> Iterator[bytes]:
+            relay = self._relay
             for chunk in self._inner:
                 self._tee.feed(chunk)
-                yield chunk
+                if relay is None:
+                    yield chunk
+                elif out := relay.feed(chunk):
+                    yield out
             self._tee.end()
+            if relay is not None and (out := relay.end()):
+                yield out
 
         def close(self) -> None:
             try:
@@ -160,15 +205,22 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
     class AsyncTee(module.AsyncByteStream):  # type: ignore[name-defined,misc]
         """`SyncTee` for async streams."""
 
-        def __init__(self, inner: Any, tee: StreamTee) -> None:
+        def __init__(self, inner: Any, tee: StreamTee, relay: MessagesRelay | None = None) -> None:
             self._inner = inner
             self._tee = tee
+            self._relay = relay
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
+            relay = self._relay
             async for chunk in self._inner:
                 self._tee.feed(chunk)
-                yield chunk
+                if relay is None:
+                    yield chunk
+                elif out := relay.feed(chunk):
+                    yield out
             self._tee.end()
+            if relay is not None and (out := relay.end()):
+                yield out
 
         async def aclose(self) -> None:
             try:

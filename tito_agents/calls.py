@@ -78,6 +78,10 @@ class Endpoint(enum.Enum):
     COMPLETIONS = "completions"
     RESPONSES = "responses"
     """The Responses API (`POST /v1/responses`): one call per response (choice index 0)."""
+    MESSAGES = "messages"
+    """Anthropic's Messages API (`POST /v1/messages`), as a request path only: capture sends it
+    as vLLM's own chat conversion, so its calls are recorded as CHAT calls with
+    `Call.translated_from == "messages"`."""
 
 
 class SessionNote(enum.StrEnum):
@@ -171,13 +175,23 @@ class Call:
     """Why re-scoring this call failed (its flag stays; nothing is guessed)."""
     tool_calls: list[dict[str, Any]] | None = None
     """Responses API: the function calls the response made, one dict per `function_call` output
-    item (`call_id`, `name`, `arguments` as the JSON text the model wrote, `id`); None when it made
-    none (and for chat and completions calls, whose tool calls stay in their messages)."""
+    item (`call_id`, `name`, `arguments` as the JSON text the model wrote, `id`); Messages calls
+    (`translated_from == "messages"`): one per `tool_use` block, the same keys (`call_id` and `id`
+    both the block's id); None when it made none (and for chat and completions calls, whose tool
+    calls stay in their messages)."""
     reasoning: list[str] | None = None
-    """Responses API: the text of each `reasoning` output item (reasoning-parser servers); None
-    when the response had none."""
+    """Responses API: the text of each `reasoning` output item (reasoning-parser servers);
+    Messages calls: the text of the `thinking` block; None when the response had none."""
+    translated_from: str | None = None
+    """The API the caller spoke when capture sent the call as a chat completion: "messages" for
+    Anthropic Messages calls (the caller got the answer converted back, as vLLM's `/v1/messages`
+    answers it); None for calls recorded as sent."""
     scoring: ScoringEndpoint | None = field(default=None, repr=False)
     """Where to re-score this call (in memory only; set when re-scoring is on)."""
+    server_sampling: ServerSampling | None = None
+    """What the server adds to the request's sampling (its generation_config defaults, its
+    logprobs mode), when the capture learned or was told it; None: unknown (spans then say
+    "request" and no logprobs mode; `tito_agents.sampling`)."""
 
     @property
     def num_sampled(self) -> int:
@@ -188,10 +202,6 @@ class Call:
     def token_ids(self) -> IdArray:
         """Prompt ids followed by the sampled ids."""
         return np.concatenate((self.prompt_ids, self.sampled_ids))
-    server_sampling: ServerSampling | None = None
-    """What the server adds to the request's sampling (its generation_config defaults, its
-    logprobs mode), when the capture learned or was told it; None: unknown (spans then say
-    "request" and no logprobs mode; `tito_agents.sampling`)."""
 
     def __repr__(self) -> str:
         return (

@@ -24,7 +24,8 @@ from tito_agents.config import (
 )
 from tito_agents.episodes import Episode
 from tito_agents.errors import ConfigurationError
-from tito_agents.export import Exporter
+from tito_agents.export import SampleProcessor
+from tito_agents.sampling import ServerSampling
 from tito_agents.sinks import BufferedSink, MemorySink, Sink
 
 __all__ = ["CaptureSettings", "CaptureStats", "Collector"]
@@ -34,24 +35,26 @@ logger = logging.getLogger("tito_agents")
 ClientT = TypeVar("ClientT")
 
 DEFAULT_EPISODE_ID = "default"
-_OPENAI_HOSTS = frozenset({"api.openai.com"})
+_OPENAI_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
+"""The official APIs: never vLLM hosts (they reject vLLM-only fields and return no ids)."""
 
 
 class Collector:
     """Captures calls to vLLM, scopes them to episodes, writes samples to a sink.
 
     Configuration and wiring only: the stages are `CaptureCore` (per wrapped client, reading
-    `settings`), `Episode` (attribution), `Exporter` (assembly and the sink), each reporting to the
-    next. Everything set here is read back, and may be changed later, on `settings` (one
-    `CaptureSettings`): a change applies from the next request or episode.
+    `settings`), `Episode` (attribution), `SampleProcessor` (assembly and the sink), each
+    reporting to the next. Everything set here is read back, and may be changed later, on
+    `settings` (one `CaptureSettings`): a change applies from the next request or episode.
 
     sink: a `Sink`, or a path / URL for `open_sink` (`samples.jsonl`, `out/samples.parquet`,
         `redis://host/0?stream=samples`, `ray://queue`, ...); None keeps samples in memory
-        (`collector.sink.samples`). A path or URL is always opened behind a `BufferedSink`
+        (a `MemorySink`; tests read it with `tito_agents.testing.captured_samples(collector)`).
+        A path or URL is always opened behind a `BufferedSink`
         (bounded buffer, retry, spill under ``$TITO_CACHE_DIR/spill``, made only if it spills),
         so a slow or failing disk or server never stalls or breaks the agent. A `Sink` object is
         used as given (written where episodes end); samples of calls outside any episode are
-        assembled and written by an export thread, never inside the agent's call.
+        assembled and written by the processor's thread, never inside the agent's call.
     sink_errors: what a sink failure does (`SinkErrorPolicy`; "log" by default, "raise" is strict).
     capture_logprobs: also ask vLLM for the logprob of each sampled token (unless the caller set
         `logprobs` itself); off by default, since it costs the server and the wire.
@@ -84,6 +87,14 @@ class Collector:
         (they repeat the conversation in every call and hold user data).
     tokenizer: optional, e.g. a transformers tokenizer of the served model; only used to name
         divergences and show excerpts in reports, never to make token ids.
+    logprobs_mode: the server's `--logprobs-mode` ("raw_logprobs", vLLM's default, or
+        "processed_logprobs"; `tito_agents.sampling.probe_logprobs_mode` tells it), recorded on
+        every span so a trainer knows whether the logprobs are those of the distribution that
+        sampled; None: unknown.
+    sampling_defaults: the sampling values the server applies to fields a request leaves out
+        (its model's generation_config, e.g. `{"temperature": 0.6, "top_p": 0.95}`; none with
+        `--generation-config vllm`); spans then say "declared". Both are kept on
+        `settings.server_sampling`.
     """
 
     def __init__(
@@ -103,6 +114,8 @@ class Collector:
         turn_discount: float = 1.0,
         tokenizer: Any = None,
         record_messages: bool = False,
+        logprobs_mode: str | None = None,
+        sampling_defaults: Mapping[str, Any] | None = None,
     ) -> None:
         if sink is None:
             sink = MemorySink()
@@ -131,15 +144,16 @@ class Collector:
             turn_discount=turn_discount,
             tokenizer=tokenizer,
             record_messages=record_messages,
+            server_sampling=_server_sampling(logprobs_mode, sampling_defaults),
         )
         """Everything set here, in one object: read by every wrapped client on each request and
-        by the exporter at each episode's end, so a change applies from the next one
+        by the processor at each episode's end, so a change applies from the next one
         (`collector.settings.policy_version = "v8"` after a weight update)."""
         self.stats = CaptureStats(delivery=sink.stats if isinstance(sink, BufferedSink) else None)
-        self._exporter = Exporter(sink, stats=self.stats, settings=self.settings)
-        self.default_episode = Episode(self._exporter, self.settings, DEFAULT_EPISODE_ID)
+        self._processor = SampleProcessor(sink, stats=self.stats, settings=self.settings)
+        self.default_episode = Episode(self._processor, self.settings, DEFAULT_EPISODE_ID)
         """Where calls outside any episode go (`outside_episode="default"`); keeps no history."""
-        self._exporter.default_episode = self.default_episode
+        self._processor.default_episode = self.default_episode
         self._closed = False
 
     # ---- set-up ----
@@ -147,19 +161,21 @@ class Collector:
     def wrap(
         self, client: ClientT, *, vllm_hosts: Iterable[str] | None = None, sessions: bool = False
     ) -> ClientT:
-        """Capture every call of an existing `openai.OpenAI` / `AsyncOpenAI` client (in place).
+        """Capture every call of an existing `openai.OpenAI` / `AsyncOpenAI` client (in place), or
+        of an `anthropic.Anthropic` / `AsyncAnthropic` one (its Messages calls: docs/anthropic.md).
 
         `vllm_hosts` lists the hosts ("host" or "host:port") that run vLLM; by default the host of
-        the client's `base_url`. Only those hosts get vLLM-only fields; the official OpenAI API is
-        never marked. `sessions=True` turns on token-in sessions for chat calls of this client
-        (see `tito_agents.sessions`; an episode can override it). Returns the same client.
+        the client's `base_url`. Only those hosts get vLLM-only fields; the official OpenAI and
+        Anthropic APIs are never marked. `sessions=True` turns on token-in sessions for chat calls
+        of this client (see `tito_agents.sessions`; an episode can override it). Returns the same
+        client.
         """
         http_client = getattr(client, "_client", None)
         base_url = getattr(client, "base_url", None)
         if http_client is None or base_url is None:
             raise ConfigurationError(
-                f"wrap() expects an openai.OpenAI or openai.AsyncOpenAI client, got "
-                f"{type(client).__name__}"
+                "wrap() expects an openai.OpenAI / AsyncOpenAI or anthropic.Anthropic / "
+                f"AsyncAnthropic client, got {type(client).__name__}"
             )
         hosts = self._hosts(vllm_hosts, str(base_url))
         _transport.install(http_client, self._core(hosts, sessions))
@@ -185,7 +201,7 @@ class Collector:
     def _core(self, hosts: frozenset[str], sessions: bool) -> CaptureCore:
         return CaptureCore(
             self.settings,
-            self._exporter,
+            self._processor,
             self.default_episode,
             self.stats,
             hosts,
@@ -205,7 +221,8 @@ class Collector:
         refused = {h for h in hosts if h.split(":")[0] in _OPENAI_HOSTS}
         if refused:
             raise ConfigurationError(
-                f"{sorted(refused)} is the official OpenAI API, which rejects vLLM-only fields and "
+                f"{sorted(refused)} is the official OpenAI API (or Anthropic's), which rejects "
+                "vLLM-only fields and "
                 "returns no token ids; point the client at your vLLM server"
             )
         if not hosts:
@@ -231,7 +248,7 @@ class Collector:
         if self._closed:
             raise ConfigurationError("the collector is closed")
         return Episode(
-            self._exporter,
+            self._processor,
             self.settings,
             episode_id,
             task_id=task_id,
@@ -246,21 +263,21 @@ class Collector:
     def flush(self) -> None:
         """Return once every sample handed over so far is in the sink (delivered, for a buffered
         one) and the sink is flushed."""
-        self._exporter.flush()
+        self._processor.flush()
 
     def close(self) -> None:
         """Write what is queued, then close the sink. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._exporter.stop()
+        self._processor.stop()
         self.sink.close()
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
-        await asyncio.to_thread(self._exporter.stop)
+        await asyncio.to_thread(self._processor.stop)
         await self.sink.aclose()
 
     def __enter__(self) -> Collector:
@@ -274,3 +291,14 @@ class Collector:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _server_sampling(
+    logprobs_mode: str | None, defaults: Mapping[str, Any] | None
+) -> ServerSampling | None:
+    if logprobs_mode is None and defaults is None:
+        return None
+    try:
+        return ServerSampling(dict(defaults or {}), logprobs_mode, declared=defaults is not None)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None

@@ -1,8 +1,8 @@
 """What a `Collector` is configured with and what it counts: its settings (`CaptureSettings`, read
 by capture on every request and by export at each episode's end), the choices a user makes (one
 `...Policy` enum per failure or history policy, and `AssemblyMode`), and the counters. Plain data,
-imported by every stage and importing none of them (only the delivery counters of
-`tito_agents.stats`), so the pipeline's stages depend on it and never on the collector."""
+imported by every stage and importing none of them (only the records `tito_agents.stats` and
+`tito_agents.sampling`), so the pipeline's stages depend on it and never on the collector."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tito_agents.sampling import ServerSampling
 from tito_agents.stats import DeliveryStats
 
 
@@ -145,6 +146,11 @@ class CaptureSettings:
     """The served model's tokenizer, if given: only names divergences and shows excerpts."""
     record_messages: bool = False
     """Write each chat call's request messages and tools into its samples' metadata."""
+    server_sampling: ServerSampling | None = None
+    """What the server adds to each request's sampling (its `--logprobs-mode`, its
+    generation_config defaults), as the user declared it (`Collector(logprobs_mode=...,
+    sampling_defaults=...)`, or `tito_agents.sampling.probe_logprobs_mode`); recorded on every call
+    (`Call.server_sampling`) and so on every span. None: unknown (spans say "request")."""
     learned_end_of_turn: dict[tuple[str, ...], Any] = field(default_factory=dict)
     """What each (server, model, request template)'s template ends a turn with
     (`sessions.EndOfTurn`), derived by token-in sessions and shared with later episodes."""

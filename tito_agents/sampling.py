@@ -365,3 +365,32 @@ __all__ = [
     "resolve",
     "span_sampling",
 ]
+
+
+def probe_logprobs_mode(
+    base_url: str, model: str, *, api_key: str | None = None, timeout: float = 60.0
+) -> str | None:
+    """The `--logprobs-mode` of the vLLM at `base_url` (".../v1"), from one one-token request
+    (`probe_request`, `mode_of_probe`); None when the answer cannot tell or the server refuses.
+
+    Explicit on purpose: capture never sends a request of its own inside an agent's call, so the
+    mode is probed once by the caller and declared, e.g.
+    `Collector(logprobs_mode=probe_logprobs_mode(url, model))`."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        answer = httpx.post(
+            f"{base_url.rstrip('/')}/chat/completions",
+            json=probe_request(model),
+            headers=headers,
+            timeout=timeout,
+        )
+    except httpx.HTTPError:
+        return None
+    if answer.status_code != 200:
+        return None
+    try:
+        return mode_of_probe(answer.json())
+    except ValueError:
+        return None

@@ -21,7 +21,7 @@ import pytest
 
 _SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_server.py"
 _MODULE_NAME = "tito_vllm_server_script"
-SERVER_FIXTURES = ("vllm_base_url", "vllm_model")
+SERVER_FIXTURES = ("vllm_base_url", "vllm_model", "vllm_scale_out_url", "vllm_processed_url")
 # Per-test limit for the e2e tier (the slowest test takes ~2 min on an idle 2-core machine, and
 # CI machines have been 7x slower); tests that need more carry their own `timeout` mark.
 E2E_TIMEOUT = 900

@@ -95,6 +95,8 @@ def test_the_model_routes_are_forwarded_as_received(prefix: bytes) -> None:
         b"/unload_lora_adapter",
         b"/embeddings",
         b"/chat/completions/render",
+        b"/messages/render",
+        b"/messages/batches",
         b"/responses/resp-1",
         b"/models/org/name",
         b"/chat",

@@ -11,12 +11,15 @@ import logging
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from tito_agents import episodes, sessions
+from tito_agents import episodes
+from tito_agents._capture.episode import CapturedEpisode
+from tito_agents._capture.messages import messages_outputs
 from tito_agents._capture.pending import PendingCall
+from tito_agents._capture.session_store import SESSIONS, SessionStore
 from tito_agents._capture.tee import Decompressor, StreamTee, failed_choice, undecodable
 from tito_agents._wire import (
     ParsedChoice,
@@ -30,7 +33,8 @@ from tito_agents._wire.splice import with_token_prompt
 from tito_agents.calls import EMPTY_IDS, Call, CallStatus, Endpoint, SessionNote
 from tito_agents.config import CaptureSettings, CaptureStats, ErrorPolicy, OutsideEpisodePolicy
 from tito_agents.errors import CaptureError, MalformedResponseError, OutsideEpisodeError
-from tito_agents.sessions import SessionDecision, Turn
+from tito_agents.sessions import FallbackReason, Plan, Session, SessionDecision, Turn, plan
+from tito_agents.sessions import tools_key as session_tools_key
 
 logger = logging.getLogger("tito_agents")
 
@@ -46,18 +50,18 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:120]
 
 
-def token_in_blocker(payload: dict[str, Any], body: bytes) -> str | None:
+def token_in_blocker(payload: dict[str, Any], body: bytes) -> FallbackReason | None:
     """Why a request's prompt cannot be sent as tokens: its `kv_transfer_params` is not an
     object (the server refuses it: it must stay refused) or carries the caller's own token
     prompt; or it holds integers beyond 64 bits, which the `/tokenize` renders would not carry
     exactly. None when it can."""
     kv = payload.get("kv_transfer_params")
     if kv is not None and not isinstance(kv, dict):
-        return "kv_transfer_params is not an object (the request is sent as written)"
+        return FallbackReason.KV_TRANSFER_NOT_AN_OBJECT
     if isinstance(kv, dict) and "prompt_token_ids" in kv:
-        return "the request sets its own kv_transfer_params.prompt_token_ids"
+        return FallbackReason.OWN_TOKEN_PROMPT
     if _WIDE_INT.search(body) and _has_wide_number(payload):
-        return "the request holds integers beyond 64 bits, which /tokenize renders would change"
+        return FallbackReason.WIDE_INTEGERS
     return None
 
 
@@ -74,7 +78,9 @@ def _has_wide_number(value: Any) -> bool:
 class CaptureCore:
     """Request/response logic of the transports for a set of vLLM hosts: reads `settings`, counts
     in `stats`, records calls on their episode and reports them to `processor` (the next stage).
-    Calls outside any episode go to `default_episode`."""
+    Calls outside any episode go to `default_episode`. An episode is used only through
+    `CapturedEpisode`; token-in sessions are kept in `session_store` (one per process unless
+    given), never on the episode."""
 
     def __init__(
         self,
@@ -85,6 +91,7 @@ class CaptureCore:
         vllm_hosts: frozenset[str],
         *,
         sessions: bool = False,
+        session_store: SessionStore | None = None,
     ) -> None:
         self.settings = settings
         self.processor = processor
@@ -92,8 +99,12 @@ class CaptureCore:
         self.stats = stats
         self.vllm_hosts = vllm_hosts
         self.sessions = sessions
+        self.session_store = session_store if session_store is not None else SESSIONS
         self._logged: set[str] = set()
         """Causes of uncaptured requests already logged."""
+        self.messages_options: dict[tuple[str, str], dict[str, Any]] = {}
+        """The probed Messages conversion choices per (server, model); a failed probe is kept
+        as None (requests that need it go uncaptured)."""
 
     def is_vllm_host(self, host: str, port: int | None) -> bool:
         """Hosts are matched as "host:port" first, then as bare "host"."""
@@ -102,17 +113,26 @@ class CaptureCore:
         return host in self.vllm_hosts
 
     def begin(
-        self, method: str, host: str, port: int | None, path: str, body: bytes | None
+        self,
+        method: str,
+        host: str,
+        port: int | None,
+        path: str,
+        body: bytes | None,
+        *,
+        messages_options: dict[str, Any] | None = None,
     ) -> tuple[bytes | None, PendingCall] | None:
-        """Decide whether to capture a request. Returns `(new_body_or_None, pending)` or None."""
+        """Decide whether to capture a request. Returns `(new_body_or_None, pending)` or None.
+        `messages_options`: the server's probed Messages conversion choices (`_flow`)."""
         if method != "POST" or body is None or not self.is_vllm_host(host, port):
             return None
         endpoint = endpoint_for_path(path)
         if endpoint is None:
             return None
         settings = self.settings
-        episode, agent, labels = episodes.resolve_attribution()
-        if episode is None:
+        resolved, agent, labels = episodes.resolve_attribution()
+        episode: CapturedEpisode
+        if resolved is None:
             policy = settings.outside_episode
             if policy is OutsideEpisodePolicy.IGNORE:
                 return None
@@ -122,8 +142,15 @@ class CaptureCore:
                     "`with collector.episode(...)` or set outside_episode='default'"
                 )
             episode = self.default_episode
+        else:
+            episode = resolved
         try:
-            prepared = prepare_request(endpoint, body, capture_logprobs=settings.capture_logprobs)
+            prepared = prepare_request(
+                endpoint,
+                body,
+                capture_logprobs=settings.capture_logprobs,
+                messages_options=messages_options,
+            )
         except Exception as exc:  # never break the agent's call: send it as it was written
             self.uncaptured(exc)
             return None
@@ -155,7 +182,8 @@ class CaptureCore:
             except Exception as exc:  # planning that cannot read the request falls back
                 pending.session = pending.plan = None
                 info.want_message = False
-                pending.session_fallback = f"the request could not be planned ({_cause(exc)})"
+                cause = FallbackReason.UNPLANNABLE_REQUEST
+                pending.session_fallback = cause.explain(f" ({_cause(exc)})")
         # counted in flight last: nothing above leaves a call counted that is never sent
         pending.seq = episode._next_seq()
         self.stats.requests += 1
@@ -168,12 +196,16 @@ class CaptureCore:
         blocker = token_in_blocker(info.payload, body)
         # a Responses request is planned as the chat conversation the server renders it as
         chat = info.payload if info.endpoint is Endpoint.CHAT else chat_view(info.payload)
-        if blocker is not None or isinstance(chat, str):
-            pending.session_fallback = blocker or str(chat)
+        if blocker is not None:
+            pending.session_fallback = blocker.explain()
+            return
+        if isinstance(chat, str):
+            pending.session_fallback = FallbackReason.NOT_A_CHAT_CONVERSATION.explain(f": {chat}")
             return
         info.want_message = True
         pending.session_payload = chat
-        session = pending.session = pending.episode._session_for(pending.agent)
+        session = self.session_store.session_for(pending.episode, pending.agent)
+        pending.session = session
         pending.plan = self._session_plan(session, chat, server)
 
     def uncaptured(self, exc: BaseException) -> None:
@@ -207,16 +239,14 @@ class CaptureCore:
         self.stats.requests -= 1
         self.uncaptured(exc)
 
-    def _session_plan(
-        self, session: sessions.Session, payload: dict[str, Any], server: str
-    ) -> sessions.Plan:
+    def _session_plan(self, session: Session, payload: dict[str, Any], server: str) -> Plan:
         """`sessions.plan`, with what each (server, model, template)'s template ends a turn with
         shared between sessions: derived by the first session that appends, then known to all."""
         key = (server, str(payload.get("model")), str(payload.get("chat_template")))
         known = self.settings.learned_end_of_turn.get(key)
         if known is not None and not session.end_of_turn_checked:
             session.known_end_of_turn(known)
-        decision = yield from sessions.plan(session, payload, server, self.settings.session_history)
+        decision = yield from plan(session, payload, server, self.settings.session_history)
         derived = session.end_of_turn()
         if known is None and derived is not None:
             self.settings.learned_end_of_turn.setdefault(key, derived)
@@ -227,15 +257,15 @@ class CaptureCore:
     ) -> bytes | None:
         """The body to send after a session plan ran (None: keep `body`)."""
         if decision is None:
-            decision = SessionDecision(None, SessionNote.FALLBACK, "session planning failed")
+            decision = SessionDecision.falls_back(FallbackReason.PLANNING_FAILED)
         pending.decision = decision
         if decision.prompt_ids is None or pending.info.payload is None or body is None:
             return body
         try:
             return with_token_prompt(body, pending.info.payload, decision.prompt_ids)
         except Exception as exc:  # never break the agent's call: the server renders it
-            reason = f"the token prompt could not be added to the request ({_cause(exc)})"
-            pending.decision = SessionDecision(None, SessionNote.FALLBACK, reason)
+            cause = FallbackReason.TOKEN_PROMPT_NOT_ADDED
+            pending.decision = SessionDecision.falls_back(cause, f" ({_cause(exc)})")
             return body
 
     def discard(self, pending: PendingCall, status: int | None) -> None:
@@ -311,6 +341,8 @@ class CaptureCore:
         calls: list[Call] = []
         first_error: CaptureError | None = None
         for choice in choices:
+            if info.translated_from is not None:  # its tool_use and thinking blocks
+                messages_outputs(choice)
             error = incomplete or choice.error
             if incomplete is not None:
                 call_status = CallStatus.INCOMPLETE
@@ -341,6 +373,7 @@ class CaptureCore:
                     started_at=pending.started_at,
                     ended_at=ended,
                     sampling=info.sampling,
+                    server_sampling=self.settings.server_sampling,
                     routed_experts=choice.routed_experts,
                     error=error,
                     episode_id=episode.episode_id,
@@ -353,6 +386,7 @@ class CaptureCore:
                     constrained=info.constrained,
                     tool_calls=choice.tool_calls,
                     reasoning=choice.reasoning,
+                    translated_from=info.translated_from,
                     scoring=pending.scoring,
                 )
             )
@@ -361,14 +395,16 @@ class CaptureCore:
                 self._update_session(pending, calls, choices)
             except Exception as exc:  # the calls are kept; the session just lacks this turn
                 logger.warning("could not add a turn to its token-in session", exc_info=True)
+                reason = FallbackReason.TURN_NOT_RECORDED.explain(f" ({_cause(exc)})")
                 for call in calls:
-                    call.session = SessionNote.FALLBACK
-                    call.session_reason = f"the turn could not be recorded ({_cause(exc)})"
+                    call.session, call.session_reason = SessionNote.FALLBACK, reason
         elif pending.session_fallback is not None:
             for call in calls:
                 call.session, call.session_reason = SessionNote.FALLBACK, pending.session_fallback
         added = episode._add_calls(calls)
-        self.processor.on_calls(episode, calls, added)
+        # the processor hears of the episode itself: capture took it from `episodes` (attribution
+        # or the default episode), an `Episode` that capture reads only as a `CapturedEpisode`
+        self.processor.on_calls(cast("Episode", episode), calls, added)
         raise_now = self.settings.error_policy is ErrorPolicy.RAISE and incomplete is None
         if first_error is not None and raise_now:
             raise first_error
@@ -390,15 +426,12 @@ class CaptureCore:
             sent = decision.prompt_ids
             if sent is not None and not np.array_equal(sent, call.prompt_ids):
                 call.session = SessionNote.FALLBACK
-                call.session_reason = (
-                    "the server ignored the token prompt in kv_transfer_params "
-                    "(needs vLLM >= 0.27); it rendered the messages instead"
-                )
+                call.session_reason = FallbackReason.TOKEN_PROMPT_IGNORED.explain()
                 session.server_ignores_token_in = True
             session.add_turn(
                 Turn(
                     messages=list(messages or []),
-                    tools_key=sessions.tools_key(payload),
+                    tools_key=session_tools_key(payload),
                     prompt_ids=call.prompt_ids,
                     sampled_ids=call.sampled_ids,
                     finish_reason=call.finish_reason,

@@ -27,10 +27,12 @@ from tito_agents._wire.messages_chat import EFFORTS, chat_request
 
 __all__ = [
     "MERGE_PROBE",
+    "PROBES",
     "disabled_effort_from",
     "effort_probes",
     "merge_from_counts",
     "merge_probe",
+    "probes_needed",
 ]
 
 MERGE_PROBE: dict[str, Any] = {
@@ -42,6 +44,26 @@ MERGE_PROBE: dict[str, Any] = {
     ],
 }
 """A Messages request with an inline system message (model added by `merge_probe`)."""
+
+
+PROBES = ("merge_inline_system", "disabled_thinking_effort")
+"""The probed choices, named as `chat_request`'s keyword arguments."""
+
+
+def probes_needed(payload: Mapping[str, Any]) -> list[str]:
+    """The probed choices the conversion of `payload` depends on: `merge_inline_system` when a
+    message has role system, `disabled_thinking_effort` with `thinking: {"type": "disabled"}`.
+    Most requests need neither (then no probe runs)."""
+    needed = []
+    messages = payload.get("messages")
+    if type(messages) is list and any(
+        type(m) is dict and m.get("role") == "system" for m in messages
+    ):
+        needed.append(PROBES[0])
+    thinking = payload.get("thinking")
+    if type(thinking) is dict and thinking.get("type") == "disabled":
+        needed.append(PROBES[1])
+    return needed
 
 
 def merge_probe(model: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:

@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from tito_agents._wire.messages_chat import chat_request
+from tito_agents._wire.messages_probe import probes_needed
 from tito_agents._wire.splice import extend_container, member_values, set_members
 from tito_agents.calls import Endpoint
 
@@ -35,12 +37,12 @@ _SAMPLING_KEYS = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
-    "tool_choice",
-    "response_format",
     "min_tokens",
     "logit_bias",
     "allowed_token_ids",
     "bad_words",
+    "tool_choice",
+    "response_format",
     "structured_outputs",
     "guided_json",
     "guided_regex",
@@ -87,6 +89,9 @@ class RequestInfo:
     """How decoding was constrained (`constraint_of`), None for free sampling."""
     added_top_logprobs: bool = False
     """Responses API: capture added `top_logprobs: 0` (with its `include` entry)."""
+    translated_from: str | None = None
+    """"messages": the caller's Anthropic Messages request, sent as vLLM's own chat conversion
+    (`endpoint` is CHAT; `prepare_request` of `Endpoint.MESSAGES`)."""
 
 
 _GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -149,6 +154,8 @@ def endpoint_for_path(path: str) -> Endpoint | None:
         return Endpoint.COMPLETIONS
     if path.endswith("/responses"):
         return Endpoint.RESPONSES
+    if path.endswith("/messages"):  # not /messages/count_tokens nor /messages/render
+        return Endpoint.MESSAGES
     return None
 
 
@@ -213,7 +220,11 @@ def _loads(body: bytes) -> dict[str, Any] | None:
 
 
 def prepare_request(
-    endpoint: Endpoint, body: bytes, *, capture_logprobs: bool
+    endpoint: Endpoint,
+    body: bytes,
+    *,
+    capture_logprobs: bool,
+    messages_options: Mapping[str, Any] | None = None,
 ) -> tuple[bytes | None, RequestInfo] | None:
     """Inspect a JSON request body and add the vLLM fields capture needs.
 
@@ -229,10 +240,15 @@ def prepare_request(
     with `echo` is sent as written (`UnreadableRequest`), since `return_token_ids` makes vLLM
     stop echoing the prompt text; with the caller's own ids, no `logprobs` is added to it
     (echoed logprobs would cover the prompt as well).
+
+    An Anthropic Messages request (`Endpoint.MESSAGES`) becomes the chat request vLLM runs for it
+    (`_prepare_messages`): the body returned is that chat request's, `info.endpoint` is CHAT.
     """
     payload = _loads(body)
     if payload is None:
         return None
+    if endpoint is Endpoint.MESSAGES:
+        return _prepare_messages(payload, capture_logprobs, messages_options or {})
     if endpoint is Endpoint.RESPONSES:
         return _prepare_responses(body, payload, capture_logprobs=capture_logprobs)
     chat = endpoint is Endpoint.CHAT
@@ -280,6 +296,39 @@ def prepare_request(
         constrained=constrained,
     )
     return new_body, info
+
+
+# --------------------------------------------------------------------------------------------------
+# Anthropic Messages API
+#
+# vLLM's `/v1/messages` has no `return_token_ids`; it converts each request to a chat completion
+# (`to_chat_completion_request`). Capture sends that same conversion (`_wire.messages_chat`) to
+# `/v1/chat/completions`, where ids are added as for any chat call, and converts the answer back
+# (`_wire.messages_reply`); the call is recorded as a chat call.
+
+
+def _prepare_messages(
+    payload: dict[str, Any], capture_logprobs: bool, options: Mapping[str, Any]
+) -> tuple[bytes | None, RequestInfo] | None:
+    """`prepare_request` for a Messages body: its chat conversion prepared as a chat request.
+    `options` are the server's probed conversion choices (`merge_inline_system`,
+    `disabled_thinking_effort`; `_wire.messages_probe`); a request that needs one not known, or
+    that the conversion leaves to the server, is `UnreadableRequest` (sent as written)."""
+    missing = [name for name in probes_needed(payload) if options.get(name) is None]
+    if missing:
+        raise UnreadableRequest("messages", missing[0], "the server's choice is not known")
+    chat = chat_request(payload, **{k: v for k, v in options.items() if v is not None})
+    if isinstance(chat, str):
+        raise UnreadableRequest("messages", None, chat)
+    chat_body = orjson.dumps(chat)
+    prepared = prepare_request(Endpoint.CHAT, chat_body, capture_logprobs=capture_logprobs)
+    if prepared is None:  # not reached: the conversion never turns ids off
+        return None
+    new_body, info = prepared
+    info.translated_from = "messages"
+    info.want_message = True  # its tool_use and thinking blocks are noted on the call
+    info.sampling = {k: v for k, v in info.sampling.items() if v is not None}
+    return (chat_body if new_body is None else new_body), info
 
 
 # --------------------------------------------------------------------------------------------------

@@ -24,12 +24,15 @@ MODEL_ROUTES: dict[str, tuple[str, ...]] = {
     "chat/completions": ("POST",),
     "completions": ("POST",),
     "responses": ("POST",),
+    "messages": ("POST",),
+    "messages/count_tokens": ("POST",),
     "models": ("GET",),
     "models/{id}": ("GET",),
 }
 """The routes under the upstream's `/v1` that are forwarded, with their methods. `{id}` is one
-path segment. To forward another model route (e.g. `messages` and `messages/count_tokens` for
-Anthropic Messages clients), add it here and to docs/gateway.md."""
+path segment. `messages` is Anthropic's Messages API (captured, sent as vLLM's chat conversion),
+`messages/count_tokens` its token count (forwarded, not a call). To forward another model route,
+add it here and to docs/gateway.md."""
 
 MAX_PATH_BYTES = 2048
 """Longer request paths are refused (414): no model route or episode URL comes near it."""

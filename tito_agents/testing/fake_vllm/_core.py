@@ -23,6 +23,7 @@ from tito_agents.testing.fake_vllm._chat import chat
 from tito_agents.testing.fake_vllm._codec import TokenCodec, TokenizerLike
 from tito_agents.testing.fake_vllm._completions import completions
 from tito_agents.testing.fake_vllm._engine import Engine, EngineSettings, Reply, WireFaults
+from tito_agents.testing.fake_vllm._messages import count_tokens, messages
 from tito_agents.testing.fake_vllm._model import FakeModel, Responder, Tokenization
 from tito_agents.testing.fake_vllm._requests import FakeHTTPError, parse_json_object
 from tito_agents.testing.fake_vllm._responder import default_responder
@@ -318,6 +319,14 @@ class FakeVLLM:
             "/v1/responses": (
                 "POST",
                 lambda: responses(engine, parse_json_object(body), faults.wire()),
+            ),
+            "/v1/messages": (
+                "POST",
+                lambda: messages(engine, parse_json_object(body), faults.wire()),
+            ),
+            "/v1/messages/count_tokens": (
+                "POST",
+                lambda: count_tokens(engine, parse_json_object(body)),
             ),
             "/tokenize": ("POST", lambda: engine.tokenize(parse_json_object(body))),
             "/detokenize": ("POST", lambda: engine.detokenize(parse_json_object(body))),

@@ -22,6 +22,11 @@ LogprobArray = npt.NDArray[np.float32]
 
 EMPTY_IDS: IdArray = np.zeros(0, dtype=np.int32)
 
+POLICY_LABEL = "tito.policy"
+"""The label that carries a routed call's policy into its samples' metadata (`labels` of a
+per-call sample, `call_labels` of a merged one) while samples have no field of their own; named
+apart from the free-form labels users set (a user's own "policy" label means nothing here)."""
+
 
 class CallStatus(enum.Enum):
     """Whether a call can become a sample. Every report counts calls by this status alone
@@ -153,6 +158,10 @@ class Call:
     """Order of the request within its episode (assigned when the request is sent)."""
     reward: float | None = None
     policy_version: str | None = None
+    policy: str | None = None
+    """The policy that sampled the call: the model / LoRA adapter name its request was routed to
+    by `Collector(policies=...)` (the request's `model` was set to it); None for calls no mapping
+    routed (sent with the caller's own `model`, which `model` names as the server answered it)."""
     messages: list[dict[str, Any]] | None = None
     """The chat messages of the request, kept in memory (not persisted) for drift checks."""
     tools: list[dict[str, Any]] | None = None
@@ -209,3 +218,20 @@ class Call:
             f"prompt={self.prompt_ids.shape[0]}, sampled={self.sampled_ids.shape[0]}, "
             f"finish={self.finish_reason!r})"
         )
+
+
+def policy_of(sample: Any) -> str | None:
+    """The policy that sampled a `Sample` (`Collector(policies=...)`): its `policy` field where
+    the sample has one, else the policy label of its calls (`POLICY_LABEL`); None when no
+    mapping routed its calls. The calls of one sample are one agent's, so they share it."""
+    policy = getattr(sample, "policy", None)
+    if policy is not None:
+        return str(policy)
+    metadata = getattr(sample, "metadata", None) or {}
+    labels = metadata.get("labels")
+    if isinstance(labels, dict) and labels.get(POLICY_LABEL) is not None:
+        return str(labels[POLICY_LABEL])
+    for call_labels in (metadata.get("call_labels") or {}).values():
+        if isinstance(call_labels, dict) and call_labels.get(POLICY_LABEL) is not None:
+            return str(call_labels[POLICY_LABEL])
+    return None

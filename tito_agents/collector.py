@@ -19,6 +19,7 @@ from tito_agents.config import (
     CaptureStats,
     ErrorPolicy,
     OutsideEpisodePolicy,
+    Policies,
     SessionHistoryPolicy,
     SinkErrorPolicy,
 )
@@ -48,7 +49,8 @@ class Collector:
     `settings` (one `CaptureSettings`): a change applies from the next request or episode.
 
     sink: a `Sink`, or a path / URL for `open_sink` (`samples.jsonl`, `out/samples.parquet`,
-        `redis://host/0?stream=samples`, `ray://queue`, ...); None keeps samples in memory
+        `redis://host/0?stream=samples`, `ray://queue`, ...; `?partition_by=policy` writes a file
+        or stream per policy, `tito_agents.sinks.partition`); None keeps samples in memory
         (a `MemorySink`; tests read it with `tito_agents.testing.captured_samples(collector)`).
         A path or URL is always opened behind a `BufferedSink`
         (bounded buffer, retry, spill under ``$TITO_CACHE_DIR/spill``, made only if it spills),
@@ -63,6 +65,13 @@ class Collector:
     keep_messages: keep each request's chat messages on its `Call` (in memory; persisted only with
         `record_messages=True`).
     policy_version: a label of the weights that sample now (async RL); set it again on each update.
+    policies: one policy per agent (docs/policies.md): agent name -> the model / LoRA adapter name
+        its calls are sent to (`{"planner": "planner-lora"}`), or a hook `(agent, labels) -> name
+        or None`. A routed request's `model` is set to that name (spliced into the caller's bytes;
+        the mapping wins over the model the caller named), on vLLM hosts only; other agents' calls
+        go as written. Calls and samples carry the name (`Call.policy`, `calls.policy_of`).
+    policy_versions: the weights' label per policy (`{"planner-lora": "3"}`); a policy not listed
+        takes `policy_version`. Set entries on `settings.policy_versions` on each update.
     end_of_turn_id: the model's end-of-turn token for token-in sessions; when not given, derived
         from the server's own chat template at a session's first append (once per server and
         model). Give it only to override what the template says.
@@ -107,6 +116,8 @@ class Collector:
         outside_episode: OutsideEpisodePolicy | str = OutsideEpisodePolicy.DEFAULT,
         keep_messages: bool = True,
         policy_version: str | None = None,
+        policies: Policies | None = None,
+        policy_versions: Mapping[str, str | None] | None = None,
         end_of_turn_id: int | None = None,
         session_history: SessionHistoryPolicy | str = SessionHistoryPolicy.TEMPLATE,
         rescore_constrained: bool = False,
@@ -149,6 +160,11 @@ class Collector:
         """Everything set here, in one object: read by every wrapped client on each request and
         by the processor at each episode's end, so a change applies from the next one
         (`collector.settings.policy_version = "v8"` after a weight update)."""
+        try:  # parsed and checked as they are stored
+            self.settings.policies = policies or {}
+            self.settings.policy_versions = dict(policy_versions or {})
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         self.stats = CaptureStats(delivery=sink.stats if isinstance(sink, BufferedSink) else None)
         self._processor = SampleProcessor(sink, stats=self.stats, settings=self.settings)
         self.default_episode = Episode(self._processor, self.settings, DEFAULT_EPISODE_ID)

@@ -7,8 +7,9 @@ imported by every stage and importing none of them (only the records `tito_agent
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from tito_agents.sampling import ServerSampling
 from tito_agents.stats import DeliveryStats
@@ -96,12 +97,47 @@ class AssemblyMode(enum.Enum):
         return self is not AssemblyMode.PER_CALL
 
 
+PolicyHook: TypeAlias = Callable[[str | None, Mapping[str, Any]], str | None]
+"""An attribution hook: `(agent, labels) -> policy name or None`, called once per request."""
+Policies: TypeAlias = Mapping[str, str] | PolicyHook
+"""Which policy samples each agent's calls: agent name -> model / LoRA adapter name, or a hook."""
+
+
+def parse_policies(value: Policies | None) -> Policies:
+    """A policy mapping as stored on the settings: a hook as given, a mapping copied (a later
+    change to the caller's dict does not reroute calls in flight) with its names checked."""
+    if value is None:
+        return {}
+    if callable(value):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"policies must be a mapping agent -> model name or a callable, not {value!r}"
+        )
+    out = dict(value)
+    for agent, policy in out.items():
+        if not isinstance(agent, str) or not isinstance(policy, str) or not policy:
+            raise ValueError(f"policies maps agent names to model names, got {agent!r}: {policy!r}")
+    return out
+
+
+def parse_policy_versions(value: Mapping[str, str | None] | None) -> dict[str, str | None]:
+    """Per-policy version labels as stored on the settings (a copy: set them on the settings)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"policy_versions must map policy names to labels, not {value!r}")
+    return dict(value)
+
+
 _CHOICES: dict[str, Any] = {
     "error_policy": ErrorPolicy,
     "outside_episode": OutsideEpisodePolicy,
     "session_history": SessionHistoryPolicy,
     "sink_errors": SinkErrorPolicy,
     "assembly": AssemblyMode.parse,
+    "policies": parse_policies,
+    "policy_versions": parse_policy_versions,
 }
 """The settings that hold one of a fixed set of choices, and how a plain string becomes one."""
 
@@ -128,7 +164,15 @@ class CaptureSettings:
     keep_messages: bool = True
     """Keep each request's chat messages on its `Call` (in memory)."""
     policy_version: str | None = None
-    """The label of the weights that sample now (async RL); set it on each weight update."""
+    """The label of the weights that sample now (async RL); set it on each weight update. With
+    several policies, the label of those `policy_versions` does not name."""
+    policies: Policies = field(default_factory=dict)
+    """Which policy samples each agent's calls (`Collector(policies=...)`): agent name -> the
+    model / LoRA adapter name its requests are sent with, or a hook `(agent, labels) -> name or
+    None`. An agent the mapping does not name (or the hook answers None for) goes as written."""
+    policy_versions: dict[str, str | None] = field(default_factory=dict)
+    """The weights' label per policy (`{"planner-lora": "3"}`): set an entry on each update of
+    that policy; a policy not listed takes `policy_version`."""
     end_of_turn_id: int | None = None
     """The end-of-turn token of token-in sessions (None: derived from the chat template)."""
     rescore_constrained: bool = False
@@ -161,6 +205,22 @@ class CaptureSettings:
     def __setattr__(self, name: str, value: Any) -> None:
         parse = _CHOICES.get(name)
         object.__setattr__(self, name, value if parse is None else parse(value))
+
+    def policy_for(self, agent: str | None, labels: Mapping[str, Any]) -> str | None:
+        """The policy (model / adapter name) a call of `agent` is sent to; None: as written."""
+        policies = self.policies
+        if callable(policies):
+            chosen = policies(agent, labels)
+            if chosen is not None and (not isinstance(chosen, str) or not chosen):
+                raise ValueError(f"the policies hook returned {chosen!r}, not a model name")
+            return chosen
+        return None if agent is None else policies.get(agent)
+
+    def version_for(self, policy: str | None) -> str | None:
+        """The weights' label of `policy`: its own `policy_versions` entry, else `policy_version`."""
+        if policy is not None and policy in self.policy_versions:
+            return self.policy_versions[policy]
+        return self.policy_version
 
 
 @dataclass(slots=True)

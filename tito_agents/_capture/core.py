@@ -18,7 +18,7 @@ import numpy as np
 from tito_agents import episodes
 from tito_agents._capture.episode import CapturedEpisode
 from tito_agents._capture.messages import messages_outputs
-from tito_agents._capture.pending import PendingCall
+from tito_agents._capture.pending import PendingCall, routed_labels
 from tito_agents._capture.session_store import SESSIONS, SessionStore
 from tito_agents._capture.tee import Decompressor, StreamTee, failed_choice, undecodable
 from tito_agents._wire import (
@@ -144,12 +144,15 @@ class CaptureCore:
             episode = self.default_episode
         else:
             episode = resolved
+        agent = agent or episode.agent
         try:
+            policy_name = settings.policy_for(agent, labels)
             prepared = prepare_request(
                 endpoint,
                 body,
                 capture_logprobs=settings.capture_logprobs,
                 messages_options=messages_options,
+                model=policy_name,
             )
         except Exception as exc:  # never break the agent's call: send it as it was written
             self.uncaptured(exc)
@@ -161,14 +164,16 @@ class CaptureCore:
         if not settings.keep_messages:
             info.messages = None
             info.tools = None
+        labels = routed_labels(self._logged, agent, info.routed_from, policy_name, labels)
         pending = PendingCall(
             info=info,
             episode=episode,
-            agent=agent or episode.agent,
+            agent=agent,
             labels=labels,
             seq=0,
-            policy_version=settings.policy_version,
+            policy_version=settings.version_for(policy_name),
             started_at=time.time(),
+            policy=policy_name,
         )
         wants_session = episode.sessions if episode.sessions is not None else self.sessions
         if (
@@ -381,6 +386,7 @@ class CaptureCore:
                     labels=dict(pending.labels),
                     seq=pending.seq,
                     policy_version=pending.policy_version,
+                    policy=pending.policy,
                     messages=info.messages,
                     tools=info.tools,
                     constrained=info.constrained,

@@ -3,6 +3,7 @@ recorded (shared by the capture core and the stream tee)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,8 +12,10 @@ from tito_agents._capture.episode import CapturedEpisode
 from tito_agents._wire import (
     RequestInfo,
 )
-from tito_agents.calls import ScoringEndpoint
+from tito_agents.calls import POLICY_LABEL, ScoringEndpoint
 from tito_agents.sessions import Plan, Session, SessionDecision
+
+logger = logging.getLogger("tito_agents")
 
 
 @dataclass(slots=True)
@@ -44,3 +47,27 @@ class PendingCall:
     """Where a constrained call is re-scored at the episode's end (re-scoring on)."""
     session_ms: float | None = None
     """Time the session plan took before the request was sent (/tokenize round trips included)."""
+    policy: str | None = None
+    """The policy (model / LoRA adapter name) the request was routed to (`Call.policy`)."""
+
+
+def routed_labels(
+    logged: set[str], agent: str | None, written: Any, policy: str | None, labels: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """The labels of a call routed to `policy` (None: not routed, `labels` as they are): with
+    the policy label, by which samples carry it until `Sample.policy` exists (`calls.policy_of`).
+
+    Logs once per (agent, model, policy) that the mapping replaced the model a caller named: the
+    mapping wins (it is how agents whose code names one model reach their adapter)."""
+    if policy is None:
+        return labels
+    key = f"routed:{agent}:{written}:{policy}"
+    if written is not None and key not in logged:
+        logged.add(key)
+        logger.info(
+            "calls of agent %r name model %r: sent to its policy %r (Collector(policies=...))",
+            agent,
+            written,
+            policy,
+        )
+    return {**labels, POLICY_LABEL: policy}

@@ -92,6 +92,9 @@ class RequestInfo:
     translated_from: str | None = None
     """"messages": the caller's Anthropic Messages request, sent as vLLM's own chat conversion
     (`endpoint` is CHAT; `prepare_request` of `Endpoint.MESSAGES`)."""
+    routed_from: Any = None
+    """The `model` the caller wrote when a policy mapping sent the request to another model
+    (`prepare_request(model=...)`); None when the request names the model it was sent with."""
 
 
 _GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -225,6 +228,7 @@ def prepare_request(
     *,
     capture_logprobs: bool,
     messages_options: Mapping[str, Any] | None = None,
+    model: str | None = None,
 ) -> tuple[bytes | None, RequestInfo] | None:
     """Inspect a JSON request body and add the vLLM fields capture needs.
 
@@ -243,14 +247,26 @@ def prepare_request(
 
     An Anthropic Messages request (`Endpoint.MESSAGES`) becomes the chat request vLLM runs for it
     (`_prepare_messages`): the body returned is that chat request's, `info.endpoint` is CHAT.
+
+    `model`: the policy (model / LoRA adapter name) the request is routed to; its `model` field
+    is set to it, in place (`info.routed_from` keeps what the caller wrote when it differed).
     """
     payload = _loads(body)
     if payload is None:
         return None
+    routed = model is not None and payload.get("model") != model
+    routed_from = payload.get("model") if routed else None
     if endpoint is Endpoint.MESSAGES:
-        return _prepare_messages(payload, capture_logprobs, messages_options or {})
+        if routed:
+            payload["model"] = model  # the chat conversion is a new body: no bytes to keep
+        prepared = _prepare_messages(payload, capture_logprobs, messages_options or {})
+        return _routed(prepared, routed_from)
     if endpoint is Endpoint.RESPONSES:
-        return _prepare_responses(body, payload, capture_logprobs=capture_logprobs)
+        added_model = {"model": orjson.dumps(model)} if routed else {}
+        prepared = _prepare_responses(
+            body, payload, capture_logprobs=capture_logprobs, added=added_model
+        )
+        return _routed(prepared, routed_from)
     chat = endpoint is Endpoint.CHAT
     added: dict[str, bytes] = {}
     ids = lax_bool(payload, "return_token_ids")
@@ -277,9 +293,15 @@ def prepare_request(
     tools = payload.get("tools")
     sampling = {k: v for k, v in payload.items() if k in _SAMPLING_SET}
     constrained = constraint_of(payload)
+    if routed:
+        added["model"] = orjson.dumps(model)
     new_body = set_members(body, added, payload) if added else None
     if added:
-        payload.update((key, _ADDED_VALUES[value]) for key, value in added.items())
+        payload.update(
+            (key, _ADDED_VALUES[value]) for key, value in added.items() if key != "model"
+        )
+    if routed:
+        payload["model"] = model
     info = RequestInfo(
         endpoint=endpoint,
         stream=bool(stream),
@@ -294,8 +316,17 @@ def prepare_request(
         added_ids="return_token_ids" in added,
         added_logprobs="logprobs" in added,
         constrained=constrained,
+        routed_from=routed_from,
     )
     return new_body, info
+
+
+def _routed(
+    prepared: tuple[bytes | None, RequestInfo] | None, routed_from: Any
+) -> tuple[bytes | None, RequestInfo] | None:
+    if prepared is not None:
+        prepared[1].routed_from = routed_from
+    return prepared
 
 
 # --------------------------------------------------------------------------------------------------
@@ -344,15 +375,20 @@ RESPONSES_LOGPROBS = "message.output_text.logprobs"
 
 
 def _prepare_responses(
-    body: bytes, payload: dict[str, Any], *, capture_logprobs: bool
+    body: bytes,
+    payload: dict[str, Any],
+    *,
+    capture_logprobs: bool,
+    added: dict[str, bytes] | None = None,
 ) -> tuple[bytes | None, RequestInfo] | None:
     """`prepare_request` for a Responses body: ids through `enable_response_messages`, logprobs
     through `include` + `top_logprobs`; what the caller set is kept (an explicit
     `enable_response_messages: false` means the call is not captured). Logprobs are asked for
     only where the caller's `top_logprobs` is unset or 0: vLLM checks it against the server's
     `--max-logprobs` only when the output logprobs are included, so adding the entry next to
-    another value could make the server refuse a request it accepts."""
-    added: dict[str, bytes] = {}
+    another value could make the server refuse a request it accepts. `added`: members already
+    to be set (the routed `model`)."""
+    added = dict(added or {})
     wanted = lax_bool(payload, "enable_response_messages")
     if "enable_response_messages" not in payload:
         added["enable_response_messages"] = b"true"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from tito_agents.calls import policy_of
 from tito_agents.errors import SampleFormatError
 from tito_agents.samples import Sample
 
@@ -51,12 +52,17 @@ def prompt_length(sample: Sample) -> int:
 
 def group_key(sample: Sample) -> str:
     """The GRPO group of a sample: `group_id`, else `task_id`, else its own `episode_id` (a group of
-    one). Samples of the same task sampled N times must share it (`collector.episode(group_id=...)`)."""
+    one). Samples of the same task sampled N times must share it (`collector.episode(group_id=...)`).
+    With one policy per agent (`Collector(policies=...)`) a group is per (policy, group): the key
+    is `"<policy>:<group>"`, so each policy's rollouts are compared only with its own."""
     if sample.group_id is not None:
-        return sample.group_id
-    if sample.task_id is not None:
-        return sample.task_id
-    return sample.episode_id
+        key = sample.group_id
+    elif sample.task_id is not None:
+        key = sample.task_id
+    else:
+        key = sample.episode_id
+    policy = policy_of(sample)
+    return key if policy is None else f"{policy}:{key}"
 
 
 def stable_int_id(key: str) -> int:

@@ -12,6 +12,7 @@ import hmac
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from starlette.requests import Request
@@ -56,6 +57,7 @@ class ControlAPI:
             Route("/control/episodes/{episode_id}/reward", guard(self.reward), methods=["POST"]),
             Route("/control/episodes/{episode_id}/close", guard(self.close), methods=["POST"]),
             Route("/control/policy-version", guard(self.policy_version), methods=["PUT"]),
+            Route("/control/policies", guard(self.policies), methods=["GET", "PUT"]),
             Route("/control/stats", guard(self.stats), methods=["GET"]),
         ]
 
@@ -90,9 +92,20 @@ class ControlAPI:
             sessions=_opt_bool(body, "sessions"),
         )
         episode_id = held.episode.episode_id
-        return json_response(
-            {"episode_id": episode_id, "base_url": f"/episodes/{episode_id}/v1"}, 201
-        )
+        answer: dict[str, Any] = {
+            "episode_id": episode_id,
+            "base_url": f"/episodes/{episode_id}/v1",
+        }
+        policies = self.registry.collector.settings.policies
+        if isinstance(policies, dict) and policies:  # one base URL per routed agent
+            answer["agents"] = {
+                agent: {
+                    "base_url": f"/episodes/{episode_id}/agents/{quote(agent, safe='')}/v1",
+                    "policy": policy,
+                }
+                for agent, policy in policies.items()
+            }
+        return json_response(answer, 201)
 
     async def list_episodes(self, request: Request) -> Response:
         registry = self.registry
@@ -156,9 +169,32 @@ class ControlAPI:
         return json_response(report)
 
     async def policy_version(self, request: Request) -> Response:
+        """The weights' label from now on: of every call, or, with `policy`, of that policy's
+        calls (`CaptureSettings.policy_versions`)."""
         body = await _json_object(request)
-        self.registry.collector.settings.policy_version = _opt_str(body, "policy_version")
-        return json_response({"policy_version": self.registry.collector.settings.policy_version})
+        settings = self.registry.collector.settings
+        version = _opt_str(body, "policy_version")
+        policy = _opt_str(body, "policy")
+        if policy is None:
+            settings.policy_version = version
+            return json_response({"policy_version": settings.policy_version})
+        settings.policy_versions = {**settings.policy_versions, policy: version}
+        return json_response({"policy": policy, "policy_version": version})
+
+    async def policies(self, request: Request) -> Response:
+        """The agent -> policy mapping (`Collector(policies=...)`): read, or replaced with the
+        body's `policies` (an object; `{}` routes nothing). Applies from the next request."""
+        settings = self.registry.collector.settings
+        if request.method == "PUT":
+            mapping = _opt_dict(await _json_object(request), "policies") or {}
+            try:
+                settings.policies = mapping
+            except ValueError as exc:
+                raise _BadInput(str(exc)) from None
+        current = settings.policies
+        if callable(current):
+            return json_response({"policies": None, "hook": True})
+        return json_response({"policies": current, "policy_versions": settings.policy_versions})
 
     async def stats(self, request: Request) -> Response:
         return json_response(self.registry.collector.stats.as_dict())

@@ -240,6 +240,7 @@ def call_summaries(held: OpenEpisode) -> list[dict[str, Any]]:
             "request_id": call.request_id,
             "seq": call.seq,
             "agent": call.agent,
+            "policy": call.policy,
             "status": call.status.value,
             "finish_reason": call.finish_reason,
             "prompt_tokens": len(call.prompt_ids),

@@ -9,6 +9,8 @@
                                                          # not a Ray Client address: use address=)
     open_sink("asyncio://?maxsize=1024")                 # in-process asyncio queue
     open_sink("memory://")
+    open_sink("out/samples.jsonl", partition_by="policy")  # out/samples.<policy>.jsonl
+    open_sink("redis://host/0?stream=samples:{policy}&partition_by=policy")
 
 Network sinks (Redis, Ray) come wrapped in a `BufferedSink` (buffer, retry with backoff, spill to
 `$TITO_CACHE_DIR/spill/<destination>`, default `~/.cache/tito-agents/spill/…`, or
@@ -31,6 +33,7 @@ from tito_agents.errors import ConfigurationError
 from tito_agents.sinks.base import MemorySink, Sink
 from tito_agents.sinks.buffered import BufferedSink
 from tito_agents.sinks.jsonl import JsonlSink
+from tito_agents.sinks.partition import DEFAULT_PARTITION, PartitionedSink, partition_spec
 
 _Parser = Callable[[str], Any]
 
@@ -110,6 +113,7 @@ def open_sink(
     *,
     buffered: bool | None = None,
     spill_dir: str | os.PathLike[str] | None = "default",
+    partition_by: str | Callable[[Any], str | None] | None = None,
     **options: Any,
 ) -> Sink:
     """The sink `spec` names (see the module docstring); `ConfigurationError` for a bad spec.
@@ -121,7 +125,16 @@ def open_sink(
     options: sink options (also accepted in the query string) and buffer options
         (`max_buffer_samples`, `max_buffer_bytes`, `linger`, `spill_after`, `close_timeout`,
         `block_timeout`).
+    partition_by: "policy" (or "agent", or a function of a sample): a `PartitionedSink` opening
+        this sink once per partition, on first use (`tito_agents.sinks.partition`: a file or
+        stream per policy); also accepted in the query string (`?partition_by=policy`).
     """
+    if not isinstance(spec, Sink) and "partition_by=" in str(spec):
+        spec, partition_by = _without_partition(str(spec), partition_by)
+    if partition_by is not None:
+        if isinstance(spec, Sink):
+            raise ConfigurationError("partition_by needs a path or URL (one sink per partition)")
+        return _partitioned(str(spec), partition_by, buffered, spill_dir, options)
     if isinstance(spec, Sink):
         inner, network, key = spec, False, type(spec).__name__
         buffer_options = {k: options.pop(k) for k in list(options) if k in _BUFFER_OPTIONS}
@@ -235,3 +248,86 @@ def _pop_passthrough(options: dict[str, Any], names: tuple[str, ...]) -> dict[st
 def _refuse_leftovers(options: dict[str, Any], what: str) -> None:
     if options:
         raise ConfigurationError(f"unknown option(s) {sorted(options)} for a {what} sink")
+
+
+def _without_partition(spec: str, given: Any) -> tuple[str, Any]:
+    """`spec` without its `partition_by` query option, and the option (a keyword one wins)."""
+    head, _, query = spec.partition("?")
+    pairs = parse_qsl(query, keep_blank_values=True)
+    found = [value for key, value in pairs if key == "partition_by"]
+    rest = urlencode([(key, value) for key, value in pairs if key != "partition_by"], safe="{}:")
+    chosen = given if given is not None else (found[-1] if found else None)
+    return (f"{head}?{rest}" if rest else head), chosen
+
+
+def _partitioned(
+    spec: str,
+    key: str | Callable[[Any], str | None],
+    buffered: bool | None,
+    spill_dir: str | os.PathLike[str] | None,
+    options: dict[str, Any],
+) -> PartitionedSink:
+    """A `PartitionedSink` whose partitions are `spec` renamed per partition (`partition_spec`).
+    The spec and its options are checked now by opening nothing: a name is only known once a
+    sample of it arrives."""
+    parts, query = _split(spec)
+    scheme = parts.scheme.lower() if len(parts.scheme) > 1 else ""
+    _check_option_names(scheme, {**query, **options} if "?" in spec else options)
+    if scheme in ("redis", "rediss"):
+        from tito_agents.sinks.redis_streams import DEFAULT_STREAM
+
+        stream = str(options.get("stream") or query.get("stream") or DEFAULT_STREAM)
+
+        def open_partition(name: str) -> Sink:
+            _, own = partition_spec(scheme, "", stream, name)
+            return open_sink(
+                spec, buffered=buffered, spill_dir=spill_dir, **{**options, "stream": own}
+            )
+
+        return PartitionedSink(open_partition, key)
+    if scheme == "ray":
+        from tito_agents.sinks.ray_queue import DEFAULT_NAME
+
+        queue = (parts.netloc + parts.path).strip("/") or DEFAULT_NAME
+
+        def open_ray(name: str) -> Sink:
+            own, _ = partition_spec(scheme, queue, None, name)
+            url = urlunsplit(parts._replace(netloc=own, path=""))
+            return open_sink(url, buffered=buffered, spill_dir=spill_dir, **options)
+
+        return PartitionedSink(open_ray, key)
+    if scheme == "memory":
+        return PartitionedSink(
+            lambda name: open_sink(spec, buffered=buffered, spill_dir=spill_dir, **options), key
+        )
+    if scheme not in ("", "file"):
+        partition_spec(scheme, "", None, DEFAULT_PARTITION)  # raises: not partitionable
+    base, _, query_text = (parts.path, "", "") if scheme == "file" else spec.partition("?")
+
+    def open_file(name: str) -> Sink:
+        own, _ = partition_spec("", base, None, name)
+        if scheme == "file":  # the query stays in the URL
+            url = urlunsplit(parts._replace(path=own))
+        else:
+            url = f"{own}?{query_text}" if query_text else own
+        return open_sink(url, buffered=buffered, spill_dir=spill_dir, **options)
+
+    return PartitionedSink(open_file, key)
+
+
+def _check_option_names(scheme: str, options: dict[str, Any]) -> None:
+    """Refuse option names the sink of `scheme` does not know (before any partition exists)."""
+    tables: dict[str, dict[str, Any]] = {
+        "redis": {**_REDIS_OPTIONS, "username": 0, "password": 0, "client": 0},
+        "rediss": {**_REDIS_OPTIONS, "username": 0, "password": 0, "client": 0},
+        "ray": {**_RAY_OPTIONS, "init_options": 0},
+        "memory": {},
+        "": _FILE_OPTIONS,
+        "file": _FILE_OPTIONS,
+    }
+    known = tables.get(scheme)
+    if known is None:
+        return  # refused with its own message
+    unknown = sorted(k for k in options if k not in known and k not in _BUFFER_OPTIONS)
+    if unknown:
+        raise ConfigurationError(f"unknown option(s) {unknown} for a partitioned sink")

@@ -4,14 +4,17 @@ and sets the mapping and the versions per policy."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 import tito_agents as tito
-from tests.gateway import ServedGateway
+from tests.gateway import Control, ServedGateway, serve_cli
 from tito_agents.calls import policy_of
 from tito_agents.sinks import MemorySink
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
@@ -72,3 +75,48 @@ def test_agent_urls_route_to_their_policy(adapter_a: FakeVLLMServer) -> None:
         "a",
         "4",
     )
+
+
+def test_serve_takes_the_mapping_and_versions_per_policy(
+    adapter_a: FakeVLLMServer, tmp_path: Path
+) -> None:
+    """`tito-agents serve --policy AGENT=MODEL --policy-version POLICY=LABEL`: the command line
+    builds the same mapping as `Collector(policies=..., policy_versions=...)`."""
+    extra = ("--policy", "planner=a", "--policy-version", "a=7", "--policy-version", "base")
+    with serve_cli(adapter_a.base_url, tmp_path / "s.jsonl", tmp_path / "state", *extra) as (
+        _,
+        url,
+    ):
+        control = Control(url)
+        assert control.http.get("/control/policies").json() == {
+            "policies": {"planner": "a"},
+            "policy_versions": {"a": "7"},
+        }
+        control.http.close()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--policy", "planner"),
+        ("--policy", "p=a", "--policy", "p=b"),
+        ("--policy-version", "x", "--policy-version", "y"),
+    ],
+)
+def test_serve_refuses_a_bad_mapping(tmp_path: Path, extra: tuple[str, ...]) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tito_agents.cli",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9/v1",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--policy" in done.stderr

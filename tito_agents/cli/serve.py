@@ -55,7 +55,20 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--sessions", action="store_true", help="token-in sessions for chat and Responses calls"
     )
-    parser.add_argument("--policy-version", help="label of the weights sampling now")
+    parser.add_argument(
+        "--policy-version",
+        action="append",
+        default=[],
+        metavar="[POLICY=]LABEL",
+        help="label of the weights sampling now; POLICY=LABEL for one policy (repeatable)",
+    )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="AGENT=MODEL",
+        help="send this agent's calls to this model / LoRA adapter (repeatable; docs/policies.md)",
+    )
     parser.add_argument(
         "--errors", default="episode", choices=["episode", "count", "raise"], help="ErrorPolicy"
     )
@@ -97,12 +110,22 @@ def run(args: argparse.Namespace) -> int:
     state = None
     if not args.no_state:
         state = args.state or gateway_journal_path(args.port)
+    policies = _pairs("--policy", args.policy)
+    versions = _pairs("--policy-version", [v for v in args.policy_version if "=" in v])
+    plain = [v for v in args.policy_version if "=" not in v]
+    if len(plain) > 1:
+        raise CliInputError(
+            "--policy-version", "one global label at most (POLICY=LABEL per policy)"
+        )
+    global_version = plain[0] if plain else None
     collector = tito.Collector(
         args.sink,
         capture_logprobs=args.capture_logprobs,
         errors=args.errors,
         outside_episode=args.outside_episode,
-        policy_version=args.policy_version,
+        policy_version=global_version,
+        policies=policies or None,
+        policy_versions=versions or None,
         assembly=args.assembly,
         keep_messages=False,
     )
@@ -165,3 +188,16 @@ def without_credentials(url: str) -> str:
 
 
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
+
+
+def _pairs(option: str, values: list[str]) -> dict[str, str]:
+    """`NAME=VALUE` options as a mapping (a repeated NAME is refused: which one would win?)."""
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, item = value.partition("=")
+        if not sep or not name or not item:
+            raise CliInputError(option, f"expected NAME=VALUE, got {value!r}")
+        if name in out:
+            raise CliInputError(option, f"{name!r} given twice")
+        out[name] = item
+    return out

@@ -9,6 +9,7 @@ from tito_agents.sinks.base import CallbackSink, MemorySink, Sink
 from tito_agents.sinks.buffered import BufferedSink
 from tito_agents.sinks.files import RotatingFileSink, read_file_samples, read_file_table
 from tito_agents.sinks.jsonl import JsonlSink, read_samples
+from tito_agents.sinks.partition import PartitionedSink
 from tito_agents.sinks.policy import RetryPolicy
 from tito_agents.sinks.queue import AsyncQueueSink
 from tito_agents.sinks.registry import open_sink
@@ -21,6 +22,7 @@ __all__ = [
     "DeliveryStats",
     "JsonlSink",
     "MemorySink",
+    "PartitionedSink",
     "RetryPolicy",
     "RotatingFileSink",
     "Sink",

@@ -37,6 +37,21 @@ VIEWS: tuple[SampleView, ...] = ("per_call", "merged")
 
 _MAX_ID = 2**31 - 1
 
+SUMMARIZER_ROLE = "summarizer"
+"""`CallSpan.role` of a call that summarised its agent's history (label `role="summarizer"`)."""
+ROLE_LABEL = "role"
+"""The call label whose value becomes `CallSpan.role`."""
+REWRITE_KINDS = (
+    "summary",
+    "prefix_truncated",
+    "message_edited",
+    "reasoning_cleared",
+    "rerendered",
+    "completion_truncated",
+    "other",
+)
+"""The values of `Sample.rewrite` (`tito_agents.assembly.lineage` says how each is told)."""
+
 
 @dataclass(slots=True)
 class CallSpan:
@@ -73,6 +88,10 @@ class CallSpan:
     logprobs_mode: str | None = None
     """The server's `--logprobs-mode` ("raw_logprobs": before temperature and truncation,
     vLLM's default; "processed_logprobs": what it sampled from), None when unknown."""
+    role: str | None = None
+    """The call's role label (`tito_agents.labels(role=...)`, or set by an integration):
+    "summarizer" for a call that summarised the agent's history (`SUMMARIZER_ROLE`), None when
+    unlabelled. Trained like any other span: a masked summary would not learn to summarise."""
 
     @property
     def truncated(self) -> bool:
@@ -94,6 +113,7 @@ class CallSpan:
             "sampling": None if self.sampling is None else self.sampling.to_dict(),
             "sampling_source": self.sampling_source,
             "logprobs_mode": self.logprobs_mode,
+            "role": self.role,
         }
 
     @classmethod
@@ -113,6 +133,7 @@ class CallSpan:
             sampling=None if sampling is None else SamplingParams.from_dict(sampling),
             sampling_source=data.get("sampling_source"),
             logprobs_mode=data.get("logprobs_mode"),
+            role=data.get("role"),
         )
 
 
@@ -145,6 +166,25 @@ class Sample:
     """The assembly view this sample belongs to ("per_call" or "merged"; see `SampleView`).
     Files written before the field existed are read with the view their `start_reason` implies
     (a per-call sample starts with reason "call")."""
+    trajectory_id: str | None = None
+    """Merged samples: the trajectory (one agent's run in one episode) this sample is a segment
+    of; every segment of it shares the id (`trajectory_id_for`). None on per-call samples."""
+    segment_index: int | None = None
+    """Merged samples: the segment's position in its trajectory, 0, 1, ... in order of its
+    first call. A new segment starts where the agent's history was rewritten (compaction,
+    truncation, cleared reasoning, an edited message), resampled or branched."""
+    prev_sample_id: str | None = None
+    """Merged samples: the `sample_id` of the trajectory's previous segment (None for segment 0)."""
+    rewrite: str | None = None
+    """How this segment's first prompt rewrote the history before it, where that can be told
+    (`REWRITE_KINDS`: "summary", "prefix_truncated", "message_edited", "reasoning_cleared",
+    "rerendered", "completion_truncated", "other"); None on a trajectory's first segment, on
+    resamples and branches (siblings, not rewrites), on summarising calls and per-call samples."""
+
+    @property
+    def is_summary(self) -> bool:
+        """Whether the sample holds a summarising call (a span with role "summarizer")."""
+        return any(span.role == SUMMARIZER_ROLE for span in self.spans)
 
     def constrained_mask(self) -> MaskArray:
         """1 on trained tokens sampled under a constraint, 0 elsewhere."""
@@ -189,6 +229,10 @@ class Sample:
             "end_reason": self.end_reason,
             "metadata": self.metadata,
             "policy_logprobs": self.policy_logprobs,
+            "trajectory_id": self.trajectory_id,
+            "segment_index": self.segment_index,
+            "prev_sample_id": self.prev_sample_id,
+            "rewrite": self.rewrite,
             "view": self.view,
         }
 
@@ -222,6 +266,10 @@ class Sample:
                 metadata=dict(data.get("metadata") or {}),
                 policy_logprobs=policy_lp,
                 view=view_of(data.get("view"), data.get("start_reason", "call")),
+                trajectory_id=_str_or_none(data.get("trajectory_id")),
+                segment_index=_int_or_none(data.get("segment_index")),
+                prev_sample_id=_str_or_none(data.get("prev_sample_id")),
+                rewrite=_str_or_none(data.get("rewrite")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SampleFormatError(f"not a valid sample: {exc!r}") from exc
@@ -251,11 +299,25 @@ class Sample:
             raise SampleFormatError(
                 f"sample {self.sample_id}: view is {self.view!r}, not one of {list(VIEWS)}"
             )
+        if self.segment_index is not None and self.segment_index < 0:
+            raise SampleFormatError(f"sample {self.sample_id}: segment_index is negative")
         for span in self.spans:
             if not 0 <= span.context_start <= span.start <= span.end <= n:
                 raise SampleFormatError(
                     f"sample {self.sample_id}: span {span.call_id} out of range"
                 )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _int_or_none(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
 
 
 def view_of(view: Any, start_reason: Any) -> SampleView:
@@ -297,6 +359,14 @@ def id_array(value: Any, what: str) -> npt.NDArray[np.int32]:
     ):
         raise SampleFormatError(f"{what} holds booleans (true/false), not token ids")
     return array.astype(np.int32)
+
+
+def trajectory_id_for(episode_id: str, agent: str | None) -> str:
+    """The deterministic id of one agent's trajectory in one episode (agent None and "" differ)."""
+    digest = hashlib.blake2b(digest_size=12)
+    digest.update(episode_id.encode())
+    digest.update(b"\x02" if agent is None else b"\x03" + agent.encode())
+    return digest.hexdigest()
 
 
 def sample_id_for(episode_id: str, call_ids: list[str], salt: str = "") -> str:

@@ -105,6 +105,8 @@ class Divergence:
     sample_id: str
     prev_sample_id: str
     """The sample holding `prev_call_id`; it keeps its trained ids."""
+    rewrite: str | None = None
+    """The kind of history rewrite (`Sample.rewrite` of sample `sample_id`), None when unknown."""
 
     @property
     def position(self) -> int:
@@ -123,6 +125,7 @@ class Divergence:
             "excerpt": self.excerpt,
             "sample_id": self.sample_id,
             "prev_sample_id": self.prev_sample_id,
+            "rewrite": self.rewrite,
         }
 
 
@@ -218,6 +221,11 @@ def _special_strings(special_ids: frozenset[int], decode: Decode) -> tuple[str, 
             strings.append(text)
     # Longest first, so `</think>` is removed before a shorter string it contains.
     return tuple(sorted(strings, key=len, reverse=True))
+
+
+def has_reasoning_block(text: str) -> bool:
+    """Whether `text` holds a reasoning block (`<think>…</think>`, …; an unclosed one counts)."""
+    return bool(_REASONING_BLOCK.search(text) or _UNCLOSED_REASONING.search(text))
 
 
 def normalize_template_text(text: str, special_strings: Sequence[str] = ()) -> str:

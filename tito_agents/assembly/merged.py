@@ -52,10 +52,13 @@ Sample ids
     `sample_id_for(episode_id, call_ids, salt="merged")`: deterministic, and never equal to a per-call
     sample id, so mode "both" can write both kinds to one sink.
 
-Cost: O(total prompt + sampled ids) numpy comparisons (each prompt against the tips it could extend;
-a one-id check rejects most others), one concatenation per sample, Python work per call, not per
-token; each divergence looks at a bounded window (`divergence.TEXT_WINDOW_TOKENS`) after its rewrite
-point.
+Lineage
+    An agent's samples are the segments of one trajectory (`trajectory_id`, `segment_index`,
+    `prev_sample_id`), and each segment started by a rewrite names it (`rewrite`); see
+    `tito_agents.assembly.lineage`, which also recognises summarising calls (`CallSpan.role`).
+
+Cost: O(total prompt + sampled ids) numpy comparisons, one concatenation per sample, Python work per
+call, not per token; each divergence looks at a bounded window after its rewrite point.
 """
 
 from __future__ import annotations
@@ -75,10 +78,17 @@ from tito_agents.assembly.divergence import (
     common_prefix_len,
     excerpt,
 )
+from tito_agents.assembly.lineage import call_role, link_segments, segment_rewrite
 from tito_agents.assembly.logprob_kinds import policy_logprobs, span_flags
 from tito_agents.assembly.options import DEFAULT_OPTIONS, AssemblyOptions, EpisodeContext
 from tito_agents.calls import Call, CallStatus, IdArray
-from tito_agents.samples import CallSpan, Sample, finite_or_none, sample_id_for
+from tito_agents.samples import (
+    SUMMARIZER_ROLE,
+    CallSpan,
+    Sample,
+    finite_or_none,
+    sample_id_for,
+)
 
 MERGED_SALT = "merged"
 """Salt of merged sample ids: never equal to a per-call sample id of the same calls."""
@@ -159,6 +169,9 @@ class _Break:
     rewrite_point: int
     kind: DivergenceKind
     excerpt: str
+    rewrite: str | None = None
+    summarizer: str | None = None
+    """An unlabelled call recognised as the summariser by its ids (`lineage.summarizer_before`)."""
 
 
 def assemble_merged(
@@ -189,12 +202,15 @@ def assemble_merged(
         _chain_agent(agent_calls, options, chains, breaks)
 
     chains.sort(key=lambda ch: (ch.calls[0].seq, ch.calls[0].choice_index))
+    summarizers = {b.summarizer for b in breaks if b.summarizer is not None}
     samples: list[Sample] = []
     sample_ids: dict[int, str] = {}
     for chain in chains:
-        sample = _chain_sample(chain, episode, episode_reward, discount)
+        sample = _chain_sample(chain, episode, episode_reward, discount, summarizers)
         sample_ids[id(chain)] = sample.sample_id
         samples.append(sample)
+    link_segments(samples, episode.episode_id, {sample_ids[id(b.child)]: b.rewrite for b in breaks})
+    rewrites = {s.sample_id: s.rewrite for s in samples}
 
     breaks.sort(key=lambda b: (b.call.seq, b.call.choice_index))
     divergences = [
@@ -208,6 +224,7 @@ def assemble_merged(
             excerpt=b.excerpt,
             sample_id=sample_ids[id(b.child)],
             prev_sample_id=sample_ids[id(b.parent)],
+            rewrite=rewrites[sample_ids[id(b.child)]],
         )
         for b in breaks
     ]
@@ -230,12 +247,11 @@ def _chain_agent(
             chain = _Chain.first(call, EPISODE_START, clock)
             chains.append(chain)
         else:
-            parent, prev_call, point, kind, text = _diagnose(
-                call, chains, by_prompt_object.get(id(prompt_ids)), options
-            )
-            chain = _Chain.first(call, kind.value, clock)
-            parent.end_reason = kind.value
-            out_breaks.append(_Break(call, prev_call, parent, chain, point, kind, text))
+            found = _diagnose(call, chains, by_prompt_object.get(id(prompt_ids)), options)
+            chain = _Chain.first(call, found.kind.value, clock)
+            found.parent.end_reason = found.kind.value
+            found.child = chain
+            out_breaks.append(found)
             chains.append(chain)
         by_prompt_object.setdefault(id(prompt_ids), (chain, call))
     out_chains.extend(chains)
@@ -257,8 +273,9 @@ def _diagnose(
     chains: list[_Chain],
     same_prompt: tuple[_Chain, Call] | None,
     options: AssemblyOptions,
-) -> tuple[_Chain, Call, int, DivergenceKind, str]:
-    """Parent chain, compared call, rewrite point, kind and excerpt of a call that extends no tip."""
+) -> _Break:
+    """Parent chain, compared call, rewrite point, kind, excerpt and rewrite of a call that extends
+    no tip (its `child` is set by the caller)."""
     prompt_ids = call.prompt_ids
     n = int(prompt_ids.shape[0])
     resample = same_prompt
@@ -288,7 +305,7 @@ def _diagnose(
     if resample is not None:
         chain, prev_call = resample
         text = excerpt(prompt_ids, n, prev_call.sampled_ids, call.sampled_ids, options.decode)
-        return chain, prev_call, n, DivergenceKind.RESAMPLE, text
+        return _Break(call, prev_call, chain, chain, n, DivergenceKind.RESAMPLE, text)
     assert parent is not None  # chains is not empty
     prev_call = parent.calls[-1]
     # Classification looks at a bounded window after the rewrite point (one more id says "cut").
@@ -311,7 +328,8 @@ def _diagnose(
             eos_ids=options.eos_ids,
         )
     text = excerpt(prompt_ids, point, old_tail, new_tail, options.decode)
-    return parent, prev_call, point, kind, text
+    rewrite, inferred = segment_rewrite(call, chains, parent, kind, old_tail, new_tail, options)
+    return _Break(call, prev_call, parent, parent, point, kind, text, rewrite, inferred)
 
 
 def _reuse(old_ids: IdArray, new_ids: IdArray) -> int:
@@ -321,7 +339,11 @@ def _reuse(old_ids: IdArray, new_ids: IdArray) -> int:
 
 
 def _chain_sample(
-    chain: _Chain, episode: EpisodeContext, episode_reward: float | None, discount: float
+    chain: _Chain,
+    episode: EpisodeContext,
+    episode_reward: float | None,
+    discount: float,
+    summarizers: set[str],
 ) -> Sample:
     """The sample of a finished chain: one concatenation for the ids, one slice write per call.
 
@@ -353,6 +375,7 @@ def _chain_sample(
                 finish_reason=call.finish_reason,
                 reward=call.reward,
                 policy_version=call.policy_version,
+                role=SUMMARIZER_ROLE if call.call_id in summarizers else call_role(call),
                 **span_flags(call),
             )
         )

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from tito_agents.assembly.lineage import call_role
 from tito_agents.assembly.logprob_kinds import policy_logprobs, span_flags
 from tito_agents.assembly.options import EpisodeContext
 from tito_agents.calls import Call, CallStatus
@@ -46,6 +47,7 @@ def sample_of_call(call: Call, episode: EpisodeContext) -> Sample:
         finish_reason=call.finish_reason,
         reward=call.reward,
         policy_version=call.policy_version,
+        role=call_role(call),
         **span_flags(call),
     )
     meta = dict(episode.metadata or {})

@@ -8,6 +8,10 @@
 The unit of a group is a sample by default. A merged episode can yield several samples (one per
 rewrite of its history); with `unit="episode"` each episode counts once in its group's statistics
 and all its samples get its advantage (TRL AsyncGRPO's rule for conversations split into rows).
+`unit="trajectory"` is the same rule per agent: each trajectory (`Sample.trajectory_id`, one
+agent's linked segments in one episode; per-call samples and older files: episode and agent) counts
+once, and all its segments (a compacted agent's summary call included) share its advantage. For a
+one-agent episode the two units agree.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from tito_agents.convert._common import ConversionError, group_key, rewards_array
-from tito_agents.samples import Sample
+from tito_agents.samples import Sample, trajectory_id_for
 
 MissingReward = Literal["error", "exclude"]
-Unit = Literal["sample", "episode"]
+Unit = Literal["sample", "episode", "trajectory"]
 
 
 def group_advantages(
@@ -37,10 +41,11 @@ def group_advantages(
 
     `missing_reward="error"` raises `ConversionError` for a sample without reward; `"exclude"`
     leaves it out of its group's mean and std and gives it advantage 0 (TRL's rule for unscorable
-    completions). With `unit="episode"` the samples of one episode must share one reward.
+    completions). With `unit="episode"` the samples of one episode must share one reward, with
+    `unit="trajectory"` the segments of one trajectory.
     """
-    if unit not in ("sample", "episode"):
-        raise ValueError(f"unit must be 'sample' or 'episode', got {unit!r}")
+    if unit not in ("sample", "episode", "trajectory"):
+        raise ValueError(f"unit must be 'sample', 'episode' or 'trajectory', got {unit!r}")
     if missing_reward not in ("error", "exclude"):
         raise ValueError(f"missing_reward must be 'error' or 'exclude', got {missing_reward!r}")
     if not samples:
@@ -52,12 +57,12 @@ def group_advantages(
         raise ConversionError(
             f"sample {first.sample_id}: no reward (set one, or pass missing_reward='exclude')"
         )
-    if unit == "episode":
+    if unit != "sample":
         members, member_of = np.unique(
-            np.array([f"{group_key(s)}\x00{s.episode_id}" for s in samples], dtype=object),
+            np.array([f"{group_key(s)}\x00{_member(s, unit)}" for s in samples], dtype=object),
             return_inverse=True,
         )
-        member_rewards = _episode_rewards(samples, rewards, member_of, len(members))
+        member_rewards = _member_rewards(samples, rewards, member_of, len(members), unit)
         member_groups = np.empty(len(members), dtype=object)
         member_groups[member_of] = [group_key(s) for s in samples]
         adv = _grpo(member_rewards, member_groups, normalize_std, epsilon)
@@ -66,11 +71,25 @@ def group_advantages(
     return _grpo(rewards, groups, normalize_std, epsilon)
 
 
-def _episode_rewards(
+def trajectory_of(sample: Sample) -> str:
+    """The trajectory a sample belongs to: its `trajectory_id`, else (per-call samples, files
+    written before the field existed) the id its episode and agent give."""
+    if sample.trajectory_id is not None:
+        return sample.trajectory_id
+    return trajectory_id_for(sample.episode_id, sample.agent)
+
+
+def _member(sample: Sample, unit: Unit) -> str:
+    """The episode, or the trajectory, a sample counts towards."""
+    return sample.episode_id if unit == "episode" else trajectory_of(sample)
+
+
+def _member_rewards(
     samples: Sequence[Sample],
     rewards: npt.NDArray[np.float64],
     member_of: npt.NDArray[np.intp],
     count: int,
+    unit: Unit,
 ) -> npt.NDArray[np.float64]:
     out = np.full(count, np.nan)
     out[member_of] = rewards  # any one sample's reward per episode...
@@ -79,8 +98,8 @@ def _episode_rewards(
     if differs.any():
         bad = samples[int(np.flatnonzero(differs)[0])]
         raise ConversionError(
-            f"episode {bad.episode_id}: its samples have different rewards; unit='episode' needs "
-            "one reward per episode (use unit='sample')"
+            f"{unit} {_member(bad, unit)}: its samples have different rewards; unit={unit!r} "
+            f"needs one reward per {unit} (use unit='sample', or no per-call rewards)"
         )
     return out
 

@@ -75,6 +75,7 @@ SPAN_TYPE = pa.struct(
         ("sampling", SAMPLING_TYPE),
         ("sampling_source", pa.string()),
         ("logprobs_mode", pa.string()),
+        ("role", pa.string()),
     ]
 )
 """One `CallSpan`. Files written before a field existed lack it; `CallSpan.from_dict` reads
@@ -100,14 +101,18 @@ SCHEMA = pa.schema(
         ("metadata", pa.string()),
         ("policy_logprobs", pa.list_(pa.float32())),
         ("view", pa.string()),
+        ("trajectory_id", pa.string()),
+        ("segment_index", pa.int32()),
+        ("prev_sample_id", pa.string()),
+        ("rewrite", pa.string()),
     ]
 )
 """The Arrow schema of sample files (Sample fields; `metadata` as a JSON string)."""
 
 _SCALAR_COLUMNS = [n for n in SCHEMA.names if n not in TOKEN_COLUMNS]
-_ADDED_COLUMNS = ("view",)
+_ADDED_COLUMNS = ("view", "trajectory_id", "segment_index", "prev_sample_id", "rewrite")
 """Scalar columns newer than the first files: read when present (`Sample.view` is otherwise
-implied by `start_reason`)."""
+implied by `start_reason`; the trajectory fields are None)."""
 
 
 def parquet_options(compression: str | None = "zstd") -> dict[str, Any]:
@@ -166,6 +171,10 @@ def samples_to_batch(samples: Sequence[Sample]) -> Any:
         ),
         _list_column([s.policy_logprobs for s in samples], np.float32, pa.float32()),
         pa.array([s.view for s in samples], pa.string()),
+        pa.array([s.trajectory_id for s in samples], pa.string()),
+        pa.array([s.segment_index for s in samples], pa.int32()),
+        pa.array([s.prev_sample_id for s in samples], pa.string()),
+        pa.array([s.rewrite for s in samples], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
@@ -229,6 +238,10 @@ def batch_to_samples(batch: Any) -> Iterator[Sample]:
             metadata=orjson.loads(metadata) if metadata else {},
             policy_logprobs=policy[i],
             view=view_of(scalars["view"][i], scalars["start_reason"][i]),
+            trajectory_id=scalars["trajectory_id"][i],
+            segment_index=scalars["segment_index"][i],
+            prev_sample_id=scalars["prev_sample_id"][i],
+            rewrite=scalars["rewrite"][i],
         )
         sample.validate()
         yield sample

@@ -21,6 +21,9 @@ def meta(ns: str, lc: str | None = None) -> dict[str, Any]:
     [
         (meta("agent:1"), {}, ("agent",)),  # a plain graph: its node
         (meta("model:1", "weather"), {}, ("weather",)),  # create_agent as the graph
+        (meta("SummarizationMiddleware.before_model:1"), {}, ("model",)),  # its middleware
+        (meta("SummarizationMiddleware.before_model:1", "weather"), {}, ("weather",)),
+        ({"langgraph_node": "Trim.after_model"}, {}, ("model",)),
         (meta("supervisor:1|agent:2"), {}, ("supervisor",)),  # create_react_agent subgraph node
         (meta("math:1|model:2", "math"), {"": None}, ("math",)),  # an agent node
         (meta("tools:1|model:2", "math"), {"": "sup"}, ("sup", "math")),  # agent run as a tool

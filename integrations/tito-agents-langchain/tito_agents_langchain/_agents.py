@@ -15,7 +15,9 @@ node n_k of G_k makes the call):
   supervisor's and swarm's agent nodes, the teams of a hierarchy); the node that makes the call
   itself is the agent only when no level above named one (a plain graph: its node is the agent).
 
-Consecutive repeats collapse. So `create_supervisor` gives `supervisor` and `math_expert`, a swarm
+A `create_agent` middleware hook node (`SummarizationMiddleware.before_model`) counts as the
+agent's `model` node: the model calls middleware makes (summaries) belong to the agent. Consecutive
+repeats collapse. So `create_supervisor` gives `supervisor` and `math_expert`, a swarm
 `Alice` and `Bob`, nested teams `research_team>math_expert`, an agent run as a tool of a
 `create_agent` supervisor `supervisor>math_expert`, and a plain ReAct graph its node, `agent`.
 
@@ -27,6 +29,7 @@ LangGraph's own stream transformers use to detect subagents.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +41,20 @@ PATH_SEPARATOR = ">"
 """Joins agent names in the `agent_path` label, as the Agents SDK integration does."""
 TASK_TAG = "graph:step:"
 """The tag prefix LangGraph gives the run of each task (node execution) of a graph."""
+
+
+MODEL_NODE = "model"
+"""The node of a `create_agent` graph that calls its model."""
+_MIDDLEWARE_NODE = re.compile(r"^[^.|:]+\.(before|after)_(model|agent)$")
+"""A `create_agent` middleware hook node (`SummarizationMiddleware.before_model`, ...)."""
+
+
+def node_name(node: str | None) -> str | None:
+    """A graph node as an agent name: a `create_agent` middleware hook node counts as the agent's
+    model node, so a call its middleware makes (a summary) joins the agent's trajectory."""
+    if node is not None and _MIDDLEWARE_NODE.match(node):
+        return MODEL_NODE
+    return node
 
 
 def graph_namespace(metadata: Mapping[str, Any]) -> str | None:
@@ -63,7 +80,7 @@ def agent_path(
     ns = metadata.get("langgraph_checkpoint_ns")
     segments = ns.split(NS_SEP) if isinstance(ns, str) and ns else []
     if not segments:
-        node = _text(metadata.get("langgraph_node"))
+        node = node_name(_text(metadata.get("langgraph_node")))
         return tuple(name for name in (own or node,) if name)
     known = graph_agents or {}
     path: list[str] = []
@@ -71,7 +88,7 @@ def agent_path(
     for level, segment in enumerate(segments):
         graph_ns = NS_SEP.join(segments[:level])
         named = own if level == last else known.get(graph_ns)
-        node = segment.split(NS_END, 1)[0]
+        node = node_name(segment.split(NS_END, 1)[0])
         name = named or (node if level < last or not path else None)
         if name and (not path or path[-1] != name):
             path.append(name)

@@ -23,6 +23,7 @@ from langchain_core.runnables.config import var_child_runnable_config
 
 import tito_agents as tito
 from tito_agents.integration import Attribution, register_resolver
+from tito_agents.samples import ROLE_LABEL, SUMMARIZER_ROLE
 from tito_agents_langchain._agents import PATH_SEPARATOR, agent_path
 from tito_agents_langchain._messages import call_id_of
 from tito_agents_langchain._scopes import (
@@ -40,8 +41,15 @@ LABEL_KEYS = (
     "langgraph_checkpoint_ns",
     "lc_agent_name",
     "thread_id",
+    "lc_source",
 )
 """Runnable metadata copied onto each call's labels (and so onto each sample's metadata)."""
+
+SUMMARY_SOURCES = frozenset({"summarization"})
+"""`lc_source` values of model calls that summarise an agent's history: `langchain.agents.
+middleware.SummarizationMiddleware` invokes its model with `metadata={"lc_source":
+"summarization"}`. Such a call gets the label `role="summarizer"` (`tito_agents.SUMMARIZER_ROLE`),
+so its merged sample is a segment of the agent's trajectory marked as the summary."""
 
 
 def node_agent(metadata: Mapping[str, Any]) -> str | None:
@@ -69,6 +77,11 @@ def resolve() -> Attribution | None:
     metadata: Mapping[str, Any] = (
         (config.get("metadata") or {}) if config is not None else run.metadata  # type: ignore[union-attr]
     )
+    if run is not None and config is not None:
+        # A model invoked with metadata of its own (SummarizationMiddleware's
+        # `{"lc_source": "summarization"}`) runs under a config whose metadata replaced its
+        # node's; the run's own metadata still holds the inherited LangGraph keys beneath it.
+        metadata = {**run.metadata, **metadata}
     if run is not None:
         _check_setup(run, scope)
     if scope is not None:
@@ -118,6 +131,8 @@ def _labels(
         value = metadata.get(key)
         if value is not None:
             labels[key] = value if isinstance(value, str | int | float | bool) else str(value)
+    if labels.get("lc_source") in SUMMARY_SOURCES:
+        labels[ROLE_LABEL] = SUMMARIZER_ROLE
     if run is not None:
         labels["lc_run_id"] = str(run.run_id)
         parent = run.parent_run_id

@@ -22,7 +22,6 @@ LogprobArray = npt.NDArray[np.float32]
 
 EMPTY_IDS: IdArray = np.zeros(0, dtype=np.int32)
 
-POLICY_LABEL = "tito.policy"
 """The label that carries a routed call's policy into its samples' metadata (`labels` of a
 per-call sample, `call_labels` of a merged one) while samples have no field of their own; named
 apart from the free-form labels users set (a user's own "policy" label means nothing here)."""
@@ -221,17 +220,7 @@ class Call:
 
 
 def policy_of(sample: Any) -> str | None:
-    """The policy that sampled a `Sample` (`Collector(policies=...)`): its `policy` field where
-    the sample has one, else the policy label of its calls (`POLICY_LABEL`); None when no
-    mapping routed its calls. The calls of one sample are one agent's, so they share it."""
+    """The policy that sampled a `Sample` (its `policy` field: `Collector(policies=...)`), None
+    when no mapping routed its calls; also takes anything with a `policy` attribute (a `Call`)."""
     policy = getattr(sample, "policy", None)
-    if policy is not None:
-        return str(policy)
-    metadata = getattr(sample, "metadata", None) or {}
-    labels = metadata.get("labels")
-    if isinstance(labels, dict) and labels.get(POLICY_LABEL) is not None:
-        return str(labels[POLICY_LABEL])
-    for call_labels in (metadata.get("call_labels") or {}).values():
-        if isinstance(call_labels, dict) and call_labels.get(POLICY_LABEL) is not None:
-            return str(call_labels[POLICY_LABEL])
-    return None
+    return None if policy is None else str(policy)

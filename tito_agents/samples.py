@@ -180,6 +180,9 @@ class Sample:
     (`REWRITE_KINDS`: "summary", "prefix_truncated", "message_edited", "reasoning_cleared",
     "rerendered", "completion_truncated", "other"); None on a trajectory's first segment, on
     resamples and branches (siblings, not rewrites), on summarising calls and per-call samples."""
+    policy: str | None = None
+    """The model / LoRA adapter that sampled it, where `Collector(policies=...)` routed its calls
+    (one agent's calls, so one policy); None otherwise. GRPO groups are per (policy, group)."""
 
     @property
     def is_summary(self) -> bool:
@@ -233,6 +236,7 @@ class Sample:
             "segment_index": self.segment_index,
             "prev_sample_id": self.prev_sample_id,
             "rewrite": self.rewrite,
+            "policy": self.policy,
             "view": self.view,
         }
 
@@ -270,6 +274,7 @@ class Sample:
                 segment_index=_int_or_none(data.get("segment_index")),
                 prev_sample_id=_str_or_none(data.get("prev_sample_id")),
                 rewrite=_str_or_none(data.get("rewrite")),
+                policy=_str_or_none(data.get("policy")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SampleFormatError(f"not a valid sample: {exc!r}") from exc

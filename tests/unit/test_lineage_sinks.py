@@ -3,6 +3,7 @@ Arrow columns; files written before the fields existed read them as None."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,17 @@ def test_every_format_keeps_the_trajectory_fields() -> None:
             assert back.rewrite == sample.rewrite
             assert [sp.role for sp in back.spans] == [sp.role for sp in sample.spans]
             assert np.array_equal(back.token_ids, sample.token_ids)
+
+
+def test_every_format_keeps_the_policy() -> None:
+    """`Sample.policy` (one policy per agent) survives JSON Lines, the frame and field codecs
+    and Arrow; a sample of no policy reads back as None."""
+    samples, _ = assembled()
+    routed = dataclasses.replace(samples[0], policy="planner-lora")
+    for back in roundtrips(routed):
+        assert back.policy == "planner-lora"
+    for back in roundtrips(samples[1]):
+        assert back.policy is None
 
 
 def test_per_call_spans_carry_the_role_and_no_segments() -> None:

@@ -15,7 +15,7 @@ import pytest
 import tito_agents as tito
 from tests.support.policies_fake import BASE, MultiModelFake
 from tito_agents._wire import prepare_request
-from tito_agents.calls import POLICY_LABEL, Endpoint, policy_of
+from tito_agents.calls import Endpoint, policy_of
 from tito_agents.config import CaptureSettings
 from tito_agents.convert import group_advantages, group_key
 from tito_agents.errors import ConfigurationError
@@ -116,7 +116,7 @@ def test_calls_carry_policy_and_labels_are_not_shared() -> None:
             client.chat.completions.create(model=BASE, messages=MSG, max_tokens=4)
         (call,) = ep.calls
     assert call.policy == "a"
-    assert call.labels == {"step": 1, POLICY_LABEL: "a"}
+    assert call.labels == {"step": 1}  # the policy is a field, not a label
 
 
 def test_no_mapping_changes_nothing() -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from tito_agents import episodes
 from tito_agents._capture.episode import CapturedEpisode
 from tito_agents._capture.messages import messages_outputs
-from tito_agents._capture.pending import PendingCall, routed_labels
+from tito_agents._capture.pending import PendingCall, note_routing
 from tito_agents._capture.session_store import SESSIONS, SessionStore
 from tito_agents._capture.tee import Decompressor, StreamTee, failed_choice, undecodable
 from tito_agents._wire import (
@@ -164,7 +164,7 @@ class CaptureCore:
         if not settings.keep_messages:
             info.messages = None
             info.tools = None
-        labels = routed_labels(self._logged, agent, info.routed_from, policy_name, labels)
+        note_routing(self._logged, agent, info.routed_from, policy_name)
         pending = PendingCall(
             info=info,
             episode=episode,

@@ -12,7 +12,7 @@ from tito_agents._capture.episode import CapturedEpisode
 from tito_agents._wire import (
     RequestInfo,
 )
-from tito_agents.calls import POLICY_LABEL, ScoringEndpoint
+from tito_agents.calls import ScoringEndpoint
 from tito_agents.sessions import Plan, Session, SessionDecision
 
 logger = logging.getLogger("tito_agents")
@@ -51,16 +51,11 @@ class PendingCall:
     """The policy (model / LoRA adapter name) the request was routed to (`Call.policy`)."""
 
 
-def routed_labels(
-    logged: set[str], agent: str | None, written: Any, policy: str | None, labels: Mapping[str, Any]
-) -> Mapping[str, Any]:
-    """The labels of a call routed to `policy` (None: not routed, `labels` as they are): with
-    the policy label, by which samples carry it until `Sample.policy` exists (`calls.policy_of`).
-
-    Logs once per (agent, model, policy) that the mapping replaced the model a caller named: the
-    mapping wins (it is how agents whose code names one model reach their adapter)."""
+def note_routing(logged: set[str], agent: str | None, written: Any, policy: str | None) -> None:
+    """Log once per (agent, model, policy) that the mapping replaced the model a caller named:
+    the mapping wins (it is how agents whose code names one model reach their adapter)."""
     if policy is None:
-        return labels
+        return
     key = f"routed:{agent}:{written}:{policy}"
     if written is not None and key not in logged:
         logged.add(key)
@@ -70,4 +65,3 @@ def routed_labels(
             written,
             policy,
         )
-    return {**labels, POLICY_LABEL: policy}

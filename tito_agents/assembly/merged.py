@@ -404,6 +404,7 @@ def _chain_sample(
             total, [(int(c.prompt_ids.shape[0]), c) for c in chain.calls]
         ),
         view="merged",
+        policy=next((c.policy for c in chain.calls if c.policy is not None), None),
     )
 
 

@@ -71,6 +71,7 @@ def sample_of_call(call: Call, episode: EpisodeContext) -> Sample:
         metadata=meta,
         policy_logprobs=policy_logprobs(total, [(prompt_len, call)]),
         view="per_call",
+        policy=call.policy,
     )
 
 

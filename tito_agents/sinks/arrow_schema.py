@@ -105,12 +105,20 @@ SCHEMA = pa.schema(
         ("segment_index", pa.int32()),
         ("prev_sample_id", pa.string()),
         ("rewrite", pa.string()),
+        ("policy", pa.string()),
     ]
 )
 """The Arrow schema of sample files (Sample fields; `metadata` as a JSON string)."""
 
 _SCALAR_COLUMNS = [n for n in SCHEMA.names if n not in TOKEN_COLUMNS]
-_ADDED_COLUMNS = ("view", "trajectory_id", "segment_index", "prev_sample_id", "rewrite")
+_ADDED_COLUMNS = (
+    "view",
+    "trajectory_id",
+    "segment_index",
+    "prev_sample_id",
+    "rewrite",
+    "policy",
+)
 """Scalar columns newer than the first files: read when present (`Sample.view` is otherwise
 implied by `start_reason`; the trajectory fields are None)."""
 
@@ -175,6 +183,7 @@ def samples_to_batch(samples: Sequence[Sample]) -> Any:
         pa.array([s.segment_index for s in samples], pa.int32()),
         pa.array([s.prev_sample_id for s in samples], pa.string()),
         pa.array([s.rewrite for s in samples], pa.string()),
+        pa.array([s.policy for s in samples], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
@@ -242,6 +251,7 @@ def batch_to_samples(batch: Any) -> Iterator[Sample]:
             segment_index=scalars["segment_index"][i],
             prev_sample_id=scalars["prev_sample_id"][i],
             rewrite=scalars["rewrite"][i],
+            policy=scalars["policy"][i],
         )
         sample.validate()
         yield sample

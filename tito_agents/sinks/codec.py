@@ -49,6 +49,7 @@ def _header(sample: Sample) -> bytes:
             "segment_index": sample.segment_index,
             "prev_sample_id": sample.prev_sample_id,
             "rewrite": sample.rewrite,
+            "policy": sample.policy,
             "n": sample.num_tokens,
             "lp": sample.logprobs is not None,
             "plp": sample.policy_logprobs is not None,

@@ -19,6 +19,7 @@ import torch
 from tests.support.convert_samples import merged_sample, single_sample
 from tito_agents import ConfigurationError
 from tito_agents.convert import ConversionError, to_agent_loop_outputs, to_verl_batch
+from tito_agents.samples import trajectory_id_for
 
 MERGED_RESPONSE = [201, 202, 301, 302, 303, 203, 204, 205, 304, 206]
 MERGED_RESPONSE_MASK = [1, 1, 0, 0, 0, 1, 1, 1, 0, 1]
@@ -125,7 +126,16 @@ def test_agent_loop_outputs_are_unpadded_lists_split_at_the_first_sampled_token(
     )
     assert merged["reward_score"] == 0.5
     assert merged["num_turns"] == 3
-    assert merged["extra_fields"] == {"sample_id": "merged", "episode_id": "ep-merged", "uid": "g"}
+    assert merged["extra_fields"] == {
+        "sample_id": "merged",
+        "episode_id": "ep-merged",
+        "uid": "g",
+        "trajectory_id": trajectory_id_for("ep-merged", "main"),  # from its episode and agent
+        "segment_index": None,
+        "prev_sample_id": None,
+        "rewrite": None,
+        "is_summary": False,
+    }
     assert single["prompt_ids"] == [111, 112] and single["response_mask"] == [1, 1, 1, 1]
     assert all(type(v) is int for v in merged["response_ids"])
     no_lp = to_agent_loop_outputs([single_sample(with_logprobs=False)])[0]

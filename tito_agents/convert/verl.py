@@ -10,7 +10,9 @@ _agent_loop_postprocess` and `_postprocess`):
   (present only when every sample captured logprobs, as verl requires of every row).
 * `rm_scores` `[B, R]`: the sample's reward at its last valid response token, 0 elsewhere (present
   only when every sample has a reward).
-* `non_tensor_batch["uid"]`: the GRPO group (`group_key`), plus `__num_turns__` and provenance.
+* `non_tensor_batch["uid"]`: the GRPO group (`group_key`), plus `__num_turns__` and provenance;
+  `trajectory_id` / `segment_index` keep a compacted agent's segments together (docs/converters.md,
+  "Trajectories"; `segment_index` -1 on per-call samples).
 
 The split is the sample's first sampled token (`prompt_length`): for a merged multi-turn sample the
 first call's prompt is the prompt, and every later token, sampled or not, is response with its
@@ -30,6 +32,7 @@ import numpy.typing as npt
 from tito_agents.convert._arrays import Overflow, to_torch
 from tito_agents.convert._common import group_key, require_samples
 from tito_agents.convert._common import prompt_length as split_point
+from tito_agents.convert.advantages import trajectory_of
 from tito_agents.convert.batch import SplitBatch, pad_split_batch
 from tito_agents.errors import ConfigurationError
 from tito_agents.samples import Sample
@@ -46,6 +49,10 @@ class VerlBatch:
     num_turns: npt.NDArray[np.int32]
     """LLM calls per sample (verl counts chat turns; each call here is one assistant turn)."""
     episode_ids: npt.NDArray[np.object_]
+    trajectory_ids: npt.NDArray[np.object_] | None = None
+    """`trajectory_of` each sample: one id for all segments of one agent's trajectory."""
+    segment_indices: npt.NDArray[np.int32] | None = None
+    """Each sample's `segment_index` in its trajectory, -1 where it has none (per-call)."""
 
     @property
     def prompts(self) -> npt.NDArray[np.int32]:
@@ -96,13 +103,19 @@ class VerlBatch:
         return out
 
     def non_tensors(self) -> dict[str, npt.NDArray[Any]]:
-        """`uid` (GRPO group), `__num_turns__`, and `sample_id` / `episode_id` for provenance."""
-        return {
+        """`uid` (GRPO group), `__num_turns__`, and `sample_id` / `episode_id` /
+        `trajectory_id` / `segment_index` for provenance and per-trajectory advantages."""
+        out: dict[str, npt.NDArray[Any]] = {
             "uid": self.uid,
             "__num_turns__": self.num_turns,
             "sample_id": np.array(self.split.sample_ids, dtype=object),
             "episode_id": self.episode_ids,
         }
+        if self.trajectory_ids is not None:
+            out["trajectory_id"] = self.trajectory_ids
+        if self.segment_indices is not None:
+            out["segment_index"] = self.segment_indices
+        return out
 
     def to_torch(self) -> dict[str, Any]:
         """`tensors()` as torch tensors with verl's dtypes (int64 ids/masks/positions, float32)."""
@@ -155,6 +168,10 @@ def to_verl_batch(
         uid=np.array([group_key(s) for s in samples], dtype=object),
         num_turns=np.array([len(s.spans) for s in samples], dtype=np.int32),
         episode_ids=np.array([s.episode_id for s in samples], dtype=object),
+        trajectory_ids=np.array([trajectory_of(s) for s in samples], dtype=object),
+        segment_indices=np.array(
+            [-1 if s.segment_index is None else s.segment_index for s in samples], dtype=np.int32
+        ),
     )
 
 
@@ -181,6 +198,11 @@ def to_agent_loop_outputs(samples: Sequence[Sample]) -> list[dict[str, Any]]:
                     "sample_id": sample.sample_id,
                     "episode_id": sample.episode_id,
                     "uid": group_key(sample),
+                    "trajectory_id": trajectory_of(sample),
+                    "segment_index": sample.segment_index,
+                    "prev_sample_id": sample.prev_sample_id,
+                    "rewrite": sample.rewrite,
+                    "is_summary": sample.is_summary,
                 },
             }
         )

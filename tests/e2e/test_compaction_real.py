@@ -90,3 +90,58 @@ async def test_summarization_middleware_on_real_vllm(vllm_base_url: str, vllm_mo
             assert after.rewrite == "summary" and not after.is_summary
     assert all(s.reward == 1.0 for s in samples)
     assert len(set(group_advantages(samples, unit="trajectory").tolist())) == 1
+
+
+def test_plain_client_summariser_on_real_vllm(vllm_base_url: str, vllm_model: str) -> None:
+    """The same promises for a summariser written with a plain openai client (no framework):
+    the loop summarises its history in a labelled call when it grows, then goes on from
+    [system, summary, last exchange]. Checked against the loop's own record of its calls."""
+    import openai
+
+    from tito_agents.samples import SUMMARIZER_ROLE
+
+    system = {"role": "system", "content": "Answer in one short sentence."}
+    with tito.Collector(assembly="merged", capture_logprobs=True) as collector:
+        client = collector.wrap(openai.OpenAI(base_url=vllm_base_url, api_key="EMPTY"))
+        sent: list[str] = []
+        summaries = 0
+        with collector.episode("e2e-plain-compaction") as episode, tito.agent("solver"):
+            messages: list[Any] = [system]
+            for text in TURNS:
+                if len(messages) >= 5:
+                    transcript = "\n".join(str(m["content"]) for m in messages[1:])
+                    with tito.labels(role=SUMMARIZER_ROLE):
+                        done = client.chat.completions.create(
+                            model=vllm_model,
+                            messages=[
+                                {"role": "system", "content": "Summarise this conversation."},
+                                {"role": "user", "content": transcript},
+                            ],
+                            max_tokens=24,
+                        )
+                    sent.append(done.id)
+                    summaries += 1
+                    recap = f"Summary so far: {done.choices[0].message.content}"
+                    messages = [system, {"role": "user", "content": recap}, *messages[-2:]]
+                messages.append({"role": "user", "content": text})
+                reply = client.chat.completions.create(
+                    model=vllm_model, messages=messages, max_tokens=24, temperature=0.7
+                )
+                sent.append(reply.id)
+                messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+            episode.set_reward(1.0)
+        samples = episode.samples
+        client.close()
+
+    assert summaries >= 1
+    spans = [span for s in samples for span in s.spans]
+    assert {sp.call_id.rsplit("/", 1)[0] for sp in spans} == set(sent)
+    assert len(spans) == len(sent) == len({sp.call_id for sp in spans})
+    assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)
+    assert {s.trajectory_id for s in samples} == {samples[0].trajectory_id}
+    assert [s.prev_sample_id for s in samples[1:]] == [s.sample_id for s in samples[:-1]]
+    assert sum(s.is_summary for s in samples) == summaries
+    for before, after in itertools.pairwise(samples):
+        if before.is_summary:
+            assert after.rewrite == "summary" and not after.is_summary
+    assert all(s.reward == 1.0 for s in samples)

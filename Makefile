@@ -10,7 +10,7 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
 
-.PHONY: demo rl-step wheels test test-core test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
+.PHONY: demo rl-step rl-loop wheels test test-core test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
 
 # Real services the tests drive: Redis (sinks), Chromium (the HTML sample inspector) and Node.js
 # with npm (the official openai Node client through the capture gateway).
@@ -104,6 +104,20 @@ rl-step: $(STAMP)
 	$(PYTHON) scripts/vllm_server.py start && \
 	$(PY) examples/rl_step.py --base-url http://127.0.0.1:$(TITO_VLLM_PORT)/v1 --out out/rl-step && \
 	$(PY) -m tito_agents.cli compare out/rl-step/comparison.json --html out/rl-step/comparison.html
+
+# RL_STEPS GRPO steps with TRL's GRPOTrainer, tito vs a text pipeline from the same weights and
+# seeds, new weights reloaded in place after each step: a dev-mode vLLM of its own (port
+# RL_LOOP_PORT, VLLM_SERVER_DEV_MODE=1; stopped after when started here). Writes out/rl-loop/
+# loop.json, loop.html and loop.png (docs/rl-loop.md). Not part of `make test`.
+RL_STEPS ?= 20
+RL_LOOP_PORT ?= 8777
+rl-loop: $(STAMP)
+	@export TITO_VLLM_PORT=$(RL_LOOP_PORT) VLLM_SERVER_DEV_MODE=1; \
+	if $(PYTHON) scripts/vllm_server.py status >/dev/null 2>&1; then started=0; else started=1; fi; \
+	trap '[ $$started = 1 ] && $(PYTHON) scripts/vllm_server.py stop' EXIT; \
+	$(PYTHON) scripts/vllm_server.py start && \
+	$(PY) examples/rl_loop.py --base-url http://127.0.0.1:$(RL_LOOP_PORT)/v1 --steps $(RL_STEPS) \
+	    --out out/rl-loop
 
 vllm:
 	$(PYTHON) scripts/vllm_server.py start

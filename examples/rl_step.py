@@ -8,8 +8,10 @@
    converter layout (`tito_agents.trainer_check`), beside a text pipeline's rebuild of the same
    episodes, and the script prints the two lines that matter.
 3. One GRPO step (clipped surrogate on `pack_batch` + `group_advantages`, AdamW) updates the
-   weights, which are saved as bf16 safetensors and served by a second vLLM (port 8776, started and
-   stopped here with `TITO_VLLM_MODEL_DIR`).
+   weights, which are saved as bf16 safetensors and served: reloaded in place when the server
+   runs in vLLM's dev mode (`tito_agents.rl.VllmWeights`, seconds; the original weights are put
+   back after round 2), else by a second vLLM (port 8776, started and stopped here with
+   `TITO_VLLM_MODEL_DIR`; 1-2 minutes).
 4. Round 2 runs against the updated server with the collector's `policy_version` moved on; its
    samples must carry the new version and be exact against the new weights.
 
@@ -199,6 +201,34 @@ def served(weights: Path, port: int) -> Iterator[str]:
                 os.environ[key] = value
 
 
+def _round2(
+    base_url: str,
+    model_dir: Path,
+    new_dir: Path,
+    reload_port: int | None,
+    step: dict[str, Any],
+    **collect_kw: Any,
+) -> Round:
+    """Round 2 on the new weights: reloaded in place into the dev-mode server at `base_url`
+    (`reload_port` None; the original weights go back after), else on a second server."""
+    from tito_agents.rl import VllmWeights
+
+    if reload_port is None:
+        weights = VllmWeights(base_url)
+        update = weights.update(new_dir, "1")
+        step["reload_s"] = update.seconds
+        _say(f"reload: {new_dir} served in place in {update.seconds:.2f} s (version 1)")
+        try:
+            return asyncio.run(collect(base_url, policy_version="1", seed=1000, **collect_kw))
+        finally:
+            weights.update(model_dir, "0")
+    _say(f"reload: vLLM on port {reload_port} serving {new_dir}")
+    started = time.monotonic()
+    with served(new_dir, reload_port) as url:
+        step["reload_s"] = time.monotonic() - started
+        return asyncio.run(collect(url, policy_version="1", seed=1000, **collect_kw))
+
+
 @dataclass
 class LoopResult:
     """Everything one iteration measured."""
@@ -223,6 +253,7 @@ def run_loop(
     lr: float = 1e-4,
     reload_port: int = RELOAD_PORT,
     second_round: bool = True,
+    reload_in_place: bool = False,
 ) -> LoopResult:
     """collect -> compare -> step -> reload -> collect; see the module docstring."""
     import torch
@@ -263,18 +294,16 @@ def run_loop(
     comparison.extra["round1"] = {"rewards": round1.rewards, "policy_version": "0"}
 
     if second_round:
-        _say(f"reload: vLLM on port {reload_port} serving {new_dir}")
-        with served(new_dir, reload_port) as url:
-            round2 = asyncio.run(
-                collect(
-                    url,
-                    episodes=max(2, episodes // 2),
-                    cities=cities,
-                    max_tokens=max_tokens,
-                    policy_version="1",
-                    seed=1000,
-                )
-            )
+        round2 = _round2(
+            base_url,
+            model_dir,
+            new_dir,
+            reload_port if not reload_in_place else None,
+            result.step,
+            episodes=max(2, episodes // 2),
+            cities=cities,
+            max_tokens=max_tokens,
+        )
         check = compare(
             round2.samples,
             round2.calls,
@@ -324,8 +353,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--reload-port", type=int, default=RELOAD_PORT)
     parser.add_argument("--no-reload", action="store_true", help="stop after the step")
+    parser.add_argument(
+        "--reload",
+        choices=("auto", "in-place", "restart"),
+        default="auto",
+        help="serve the new weights in place (dev-mode server) or on a second vLLM "
+        "(auto: in place when the server has the dev-mode weight routes)",
+    )
     args = parser.parse_args(argv)
     model_dir = args.model_dir or Path(load_server_script().model_dir())
+    in_place = args.reload == "in-place"
+    if args.reload == "auto":
+        from tito_agents.rl import VllmWeights, WeightSyncError
+
+        try:
+            VllmWeights(args.base_url, timeout=10).version()
+            in_place = True
+        except WeightSyncError:
+            in_place = False
     started = time.monotonic()
     result = run_loop(
         args.base_url,
@@ -338,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lr=args.lr,
         reload_port=args.reload_port,
         second_round=not args.no_reload,
+        reload_in_place=in_place,
     )
     comparison = result.comparison
     print("\n== tito-agents: one RL step, trainer's view ==")

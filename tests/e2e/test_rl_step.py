@@ -1,20 +1,19 @@
 """End-to-end: one RL iteration on the real CPU vLLM (examples/rl_step.py, what `make rl-step` runs).
 
-Round 1 against the shared server; the trainer-side model (transformers, fp32, the served weights)
-scores the tito samples through every converter layout: on free-running tokens the importance ratio
-is 1 within fp32/bf16 noise (mean |log ratio| <= 0.05) and not one trained token differs from the
-ids the engine sampled. The text pipeline is run beside it (figures reported, not asserted: they
-depend on what was sampled). Then one GRPO step, the new weights served by a second vLLM (port
-TITO_RL_RELOAD_PORT, default a free port, so that two runs on one machine never collide) and
-round 2: its spans carry the new policy_version and are exact against the new weights, which
-explain them better than the old ones. That second server serves weights made by this test, so it
-is the test's own (started and stopped inside it, as `make rl-step` does).
+Round 1 against the session's dev-mode server (shared by the RL e2e tests); the trainer-side
+model (transformers, fp32, the served weights) scores the tito samples through every converter
+layout: on free-running tokens the importance ratio is 1 within fp32/bf16 noise (mean |log ratio|
+<= 0.05) and not one trained token differs from the ids the engine sampled. The text pipeline is
+run beside it (figures reported, not asserted: they depend on what was sampled). Then one GRPO
+step, the new weights reloaded into that server in place (`VllmWeights.update`: seconds, where a
+second vLLM took 1-2 minutes to start) and round 2: its spans carry the new policy_version and
+are exact against the new weights, which explain them better than the old ones. The original
+weights are put back after round 2.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -24,11 +23,12 @@ import pytest
 pytest.importorskip("torch", reason="the trainer check needs torch (tito-agents[trainer-check])")
 pytest.importorskip("transformers", reason="the trainer check needs transformers")
 
-from tests.support.e2e_servers import free_port, load_vllm_server_script
+from tests.support.e2e_servers import VllmServers, dev_server_url, load_vllm_server_script
 from tito_agents.trainer_check import LAYOUTS
 
-# round 1, fp32 scoring on the CPU, a GRPO step, a second vLLM's start-up, round 2: 5.5 min on
-# 2 cores at load average 6, 8.7-11.6 min at load 10-11 (docs/real-vllm.md, "The e2e tier")
+# round 1, fp32 scoring on the CPU, a GRPO step, an in-place reload, round 2: 5.5 min on 2 cores
+# at load average 6 with a second vLLM's start-up instead of the reload, 8.7-11.6 min at load
+# 10-11 (docs/real-vllm.md, "The e2e tier")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +46,14 @@ def _rl_step() -> ModuleType:
     return module
 
 
-def test_one_rl_iteration_is_exact_and_round_trips(vllm_base_url: str, tmp_path: Path) -> None:
+def test_one_rl_iteration_is_exact_and_round_trips(
+    vllm_servers: VllmServers, tmp_path: Path
+) -> None:
     rl_step = _rl_step()
     model_dir = Path(load_vllm_server_script().model_dir())
+    dev_url = dev_server_url(vllm_servers)
     result = rl_step.run_loop(
-        vllm_base_url,
+        dev_url,
         model_dir,
         tmp_path,
         episodes=4,
@@ -58,7 +61,7 @@ def test_one_rl_iteration_is_exact_and_round_trips(vllm_base_url: str, tmp_path:
         max_tokens=(40, 32),
         dtypes=("fp32",),
         text_dtypes=("fp32",),
-        reload_port=int(os.environ.get("TITO_RL_RELOAD_PORT") or free_port()),
+        reload_in_place=True,
     )
     comparison = result.comparison
     print("\n".join(comparison.headline()))
@@ -76,6 +79,7 @@ def test_one_rl_iteration_is_exact_and_round_trips(vllm_base_url: str, tmp_path:
 
     step = result.step
     assert step["tokens"] > 0 and step["changed_bf16"] > 0
+    assert step["reload_s"] < 60  # in place, not a restart
     assert (tmp_path / "policy-1" / "model.safetensors").is_file()
 
     round2 = result.round2

@@ -7,15 +7,14 @@ with the new `policy_version` carries it and re-scores within bf16 noise against
 Reloading the original folder gives the original logprobs back exactly.
 
 The routes exist only with `VLLM_SERVER_DEV_MODE=1`, and the test changes the weights a server
-serves, so it runs a vLLM of its own (dev mode, a free port; 1-2 minutes to start on 2 cores),
-stopped at the end. `TITO_VLLM_DEV_URL` points it at a dev-mode server that is already running
+serves, so it runs on the session's dev-mode vLLM (`tests/support/e2e_servers.DEV_MODE`, a free
+port, shared with the other RL e2e tests; 1-2 minutes to start on 2 cores, once), and puts the
+original weights back. `TITO_VLLM_DEV_URL` points it at a dev-mode server that is already running
 instead (left running, its original weights restored).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ import torch
 
 import tito_agents as tito
 from tests.rescoring import rescore_sample, rescored_logprobs
-from tests.support.e2e_servers import environ, free_port, load_vllm_server_script, paused_alarm
+from tests.support.e2e_servers import VllmServers, dev_server_url, load_vllm_server_script
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL, tokenize
 from tito_agents.rl import VllmWeights, push_weights
 from tito_agents.trainer_check import load_policy
@@ -47,29 +46,9 @@ TOTAL_BUDGET_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def dev_server() -> Iterator[str]:
-    """Base URL of a dev-mode vLLM serving the converted SmolLM2 (ours unless given)."""
-    given = os.environ.get("TITO_VLLM_DEV_URL")
-    if given:
-        yield given
-        return
-    mod = load_vllm_server_script()
-    env = {
-        "TITO_VLLM_PORT": str(free_port()),
-        "TITO_VLLM_EXTRA_ARGS": "",
-        "VLLM_SERVER_DEV_MODE": "1",
-    }
-    timeout = float(os.environ.get("TITO_VLLM_START_TIMEOUT") or mod.DEFAULT_START_TIMEOUT)
-    try:
-        with environ(**env), paused_alarm():
-            url = str(mod.start(timeout=timeout))
-    except mod.VllmServerError as exc:
-        pytest.fail(f"dev-mode vLLM unavailable: {exc}", pytrace=False)
-    try:
-        yield url
-    finally:
-        with environ(**env):
-            mod.stop()
+def dev_server(vllm_servers: VllmServers) -> str:
+    """Base URL of the session's dev-mode vLLM (shared by the RL e2e tests)."""
+    return dev_server_url(vllm_servers)
 
 
 def test_weights_update_in_place_and_come_back(dev_server: str, tmp_path: Path) -> None:

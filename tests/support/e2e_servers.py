@@ -82,15 +82,28 @@ class ServerConfig:
 
     extra_args: str = ""
     model_dir: str | None = None
+    dev_mode: bool = False
+    """vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``): the weight routes (`/collective_rpc`,
+    `/pause`, `/update_weight_version`, ...) that `tito_agents.rl` updates weights in place with."""
 
     def env(self, port: int) -> dict[str, str]:
         values = {"TITO_VLLM_PORT": str(port), "TITO_VLLM_EXTRA_ARGS": self.extra_args}
         if self.model_dir is not None:
             values["TITO_VLLM_MODEL_DIR"] = self.model_dir
+        if self.dev_mode:
+            values["VLLM_SERVER_DEV_MODE"] = "1"
         return values
 
 
 STANDARD = ServerConfig()
+DEV_MODE = ServerConfig(dev_mode=True)
+"""The one dev-mode server the RL e2e tests share (each puts the original weights back)."""
+
+
+def dev_server_url(servers: VllmServers) -> str:
+    """Base URL of a dev-mode vLLM serving the converted SmolLM2: ``TITO_VLLM_DEV_URL`` when set
+    (a server already running, left running), else the session's `DEV_MODE` server."""
+    return os.environ.get("TITO_VLLM_DEV_URL") or servers.url(DEV_MODE)
 
 
 @dataclass

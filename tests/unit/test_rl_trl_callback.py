@@ -19,7 +19,7 @@ import tito_agents as tito
 from tests.support.sessions_fake import responder
 from tests.support.trl_trainer import grpo_trainer
 from tests.support.vllm_dev_routes import DevRoutes
-from tito_agents.rl import TrlRollout
+from tito_agents.rl import TrlRollout, VersionLog
 from tito_agents.rl.trl_callback import WeightSyncCallback
 from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, mock_transport
@@ -50,7 +50,10 @@ def test_each_step_is_served_in_place_and_labels_the_next_samples(tmp_path: Path
     with DevRoutes() as routes, TrlRollout(agent, collector, client) as rollout:
         trainer = grpo_trainer(load_tokenizer(), tmp_path / "trainer", rollout)
         trainer.args.max_steps = 2
-        sync = WeightSyncCallback(routes.url, tmp_path / "weights", collector=collector)
+        log = VersionLog(initial="default")
+        sync = WeightSyncCallback(
+            routes.url, tmp_path / "weights", collector=collector, versions=log
+        )
         trainer.add_callback(sync)
         result = trainer.train()
     collector.close()
@@ -58,6 +61,8 @@ def test_each_step_is_served_in_place_and_labels_the_next_samples(tmp_path: Path
     assert result.global_step == 2
     assert [u.version for u in sync.updates] == ["1", "2"]
     assert [u.previous for u in sync.updates] == ["default", "1"]
+    assert log.updates == sync.updates and log.current == "2"
+    assert all(u.pause == "wait" and u.drained_at is not None for u in sync.updates)
     assert routes.reloads() == [str((tmp_path / "weights").resolve())] * 2
     assert (tmp_path / "weights" / "model.safetensors").is_file()
     assert collector.settings.policy_version == "2"

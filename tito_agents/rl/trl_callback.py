@@ -25,6 +25,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tito_agents.collector import Collector
+from tito_agents.rl.versions import VersionLog
 from tito_agents.rl.weights import DEFAULT_TIMEOUT, PauseMode, WeightUpdate, push_weights
 
 
@@ -33,6 +34,7 @@ class WeightSyncCallback(TrainerCallback):
 
     weights_dir: the folder the weights are written to (overwritten each step; /dev/shm keeps the
         write off the disk). collector: its `policy_version` follows the engine's version.
+    versions: a `VersionLog` that records every update (for `TrlRollout(versions=...)`).
     every: push every `every` steps (the step's version still labels the weights served).
     on_update: called with each `WeightUpdate` (to log it); all are kept in `updates`.
     """
@@ -43,6 +45,7 @@ class WeightSyncCallback(TrainerCallback):
         weights_dir: str | Path,
         *,
         collector: Collector | None = None,
+        versions: VersionLog | None = None,
         every: int = 1,
         dtype: str = "bfloat16",
         pause: PauseMode | None = "wait",
@@ -54,6 +57,7 @@ class WeightSyncCallback(TrainerCallback):
         self.base_url = base_url
         self.weights_dir = Path(weights_dir)
         self.collector = collector
+        self.versions = versions
         self.every = every
         self.dtype = dtype
         self.pause: PauseMode | None = pause
@@ -79,6 +83,8 @@ class WeightSyncCallback(TrainerCallback):
         )
         if self.collector is not None:
             self.collector.settings.policy_version = update.version
+        if self.versions is not None:
+            self.versions.record(update)
         self.updates.append(update)
         if self.on_update is not None:
             self.on_update(update)

@@ -28,11 +28,24 @@ exact extension of the last (`collector.wrap(client, sessions=True)` or `session
 The trainer calls `rollout_func` synchronously; the episodes run on an event loop of this object's
 own (a background thread), so the async client stays on one loop for its whole life and the
 trainer may itself run inside a loop. `arun` is the same in your own loop (do not mix the two).
+
+Versions and staleness: with a `VersionLog` (`versions=`, fed by `attach_engine` or
+`WeightSyncCallback`), each row's spans carry the engine version that sampled them (not the
+collector's label at dispatch, wrong for a request held by a pause) and calls sampled by two
+versions are counted; `max_staleness=N` sets the loss to 0 on spans older than `current - N`.
+
+Async mode (`lag=1`, as AReaL and prime-rl run): the episodes of the prompts handed in at call k
+run in the background while the trainer trains on the rows returned at call k, which are those of
+call k-1's prompts (one step off-policy; the first call runs its prompts twice, once now and once
+in the background, to fill the pipeline). TRL's reward functions still receive call k's prompts
+beside them: the rewards come in the `reward` field, so `passthrough_reward` is unaffected.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import itertools
 import threading
 import time
@@ -47,7 +60,12 @@ from tito_agents.config import AssemblyMode
 from tito_agents.convert import ConversionError, to_trl_rollout
 from tito_agents.episodes import Episode
 from tito_agents.errors import ConfigurationError
+from tito_agents.rl.versions import VersionLog, filter_stale, relabel
 from tito_agents.samples import Sample
+
+Rows = Callable[[list[Sample], list[Episode], int], dict[str, list[Any]]]
+"""`rows(samples, episodes, num_generations)`: the rows TRL trains on (default: tito's own,
+`to_trl_rollout`; a comparison can rebuild them another way, as a text pipeline would)."""
 
 Agent = Callable[[Any, Any], Awaitable[float | None]]
 """`async def agent(prompt, client) -> reward`: one rollout of `prompt` (what TRL's dataset row
@@ -76,7 +94,23 @@ class RolloutTimings:
     convert_s: float = 0.0
     """Choosing the samples and laying them out for TRL (tito's own cost after the episodes)."""
     policy_versions: list[str | None] = field(default_factory=list)
-    """The collector's `policy_version` on each row's spans (the oldest one when they differ)."""
+    """The `policy_version` on each row's spans (the oldest one when they differ): the engine's
+    version with a `VersionLog`, else the collector's label."""
+    wait_s: float = 0.0
+    """How long the trainer waited for the rows (with `lag=1`, less than `rollout_s`)."""
+    straddling_calls: int = 0
+    """Calls sampled partly by each of two weight versions (a `pause="keep"` update)."""
+    mislabelled_calls: int = 0
+    """Calls whose collector label is not the version that sampled them."""
+    stale_tokens_masked: int = 0
+    """Trained tokens set to loss 0 by `max_staleness`."""
+
+
+async def _cancel_others() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _LoopThread:
@@ -100,6 +134,8 @@ class _LoopThread:
     def close(self) -> None:
         if self.loop.is_closed():
             return
+        with contextlib.suppress(Exception):  # cancel what still runs (a lag-mode batch)
+            asyncio.run_coroutine_threadsafe(_cancel_others(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
@@ -115,9 +151,14 @@ class TrlRollout:
     sessions: token-in sessions for every episode (None: as the client was wrapped).
     timeout: seconds one `rollout_func` call may take (None: no limit).
     reward_key: the field the rewards go in (`passthrough_reward` reads "reward").
+    versions: the engine's weight versions (`VersionLog`): spans get the version that sampled them.
+    max_staleness: loss 0 on spans older than `versions.current - max_staleness` (needs versions).
+    lag: 0 (synchronous) or 1 (async: rows of the previous call's prompts, see the module doc).
+    rows: how samples become TRL rows (`Rows`; default `to_trl_rollout`).
 
-    After each call, `last_samples` holds the rows' samples (in row order) and `last_timings`
-    what the call cost; `close()` stops the background loop (the collector is yours to close).
+    After each call, `last_samples` / `last_episodes` hold the rows' samples and episodes (in row
+    order) and `last_timings` what the call cost; `close()` stops the background loop (the
+    collector is yours to close).
     """
 
     def __init__(
@@ -130,6 +171,10 @@ class TrlRollout:
         sessions: bool | None = None,
         timeout: float | None = None,
         reward_key: str = "reward",
+        versions: VersionLog | None = None,
+        max_staleness: int | None = None,
+        lag: int = 0,
+        rows: Rows | None = None,
     ) -> None:
         settings = collector.settings
         if settings.assembly not in (AssemblyMode.MERGED, AssemblyMode.BOTH):
@@ -144,6 +189,10 @@ class TrlRollout:
             )
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if lag not in (0, 1):
+            raise ValueError(f"lag must be 0 or 1, got {lag}")
+        if max_staleness is not None and versions is None:
+            raise ConfigurationError("max_staleness needs the engine's versions (versions=...)")
         self.agent = agent
         self.collector = collector
         self.client = client
@@ -151,8 +200,14 @@ class TrlRollout:
         self.sessions = sessions
         self.timeout = timeout
         self.reward_key = reward_key
+        self.versions = versions
+        self.max_staleness = max_staleness
+        self.lag = lag
+        self.rows = rows
         self.last_samples: list[Sample] = []
+        self.last_episodes: list[Episode] = []
         self.last_timings = RolloutTimings()
+        self._pending: Any = None  # lag=1: the concurrent future of the next rows' episodes
         self._batches = itertools.count()
         self._run_id = uuid.uuid4().hex[:8]
         self._loop: _LoopThread | None = None
@@ -165,13 +220,39 @@ class TrlRollout:
 
     def run(self, prompts: Sequence[Any], num_generations: int) -> dict[str, list[Any]]:
         """`__call__` without a trainer: `prompts` in blocks of `num_generations` equal entries."""
+        check_prompt_blocks(prompts, num_generations)
         if self._loop is None:
             self._loop = _LoopThread()
-        return self._loop.run(self.arun(prompts, num_generations), self.timeout)
+        loop = self._loop
+        started = time.perf_counter()
+        if self.lag == 0:
+            episodes, rollout_s, _ = loop.run(
+                self._episodes(prompts, num_generations), self.timeout
+            )
+        else:
+            if self._pending is None:  # fill the pipeline: these prompts now, and again below
+                self._pending = asyncio.run_coroutine_threadsafe(
+                    self._episodes(prompts, num_generations), loop.loop
+                )
+            pending, self._pending = self._pending, None
+            episodes, rollout_s, pending_n = pending.result(self.timeout)
+            self._pending = asyncio.run_coroutine_threadsafe(
+                self._episodes(prompts, num_generations), loop.loop
+            )
+            num_generations = pending_n
+        return self._to_rows(episodes, num_generations, rollout_s, time.perf_counter() - started)
 
     async def arun(self, prompts: Sequence[Any], num_generations: int) -> dict[str, list[Any]]:
-        """`run` inside the caller's event loop (the client must live on that loop)."""
+        """`run` inside the caller's event loop (the client must live on that loop; no lag)."""
         check_prompt_blocks(prompts, num_generations)
+        started = time.perf_counter()
+        episodes, rollout_s, _ = await self._episodes(prompts, num_generations)
+        return self._to_rows(episodes, num_generations, rollout_s, time.perf_counter() - started)
+
+    async def _episodes(
+        self, prompts: Sequence[Any], num_generations: int
+    ) -> tuple[list[Episode], float, int]:
+        """Every entry's episode, concurrently: (episodes, seconds, num_generations)."""
         batch = f"{self._run_id}-{next(self._batches)}"
         gate = asyncio.Semaphore(self.max_concurrency or max(len(prompts), 1))
         started = time.perf_counter()
@@ -185,13 +266,19 @@ class TrlRollout:
         results = await asyncio.gather(
             *(one(i) for i in range(len(prompts))), return_exceptions=True
         )
-        rolled = time.perf_counter()
+        seconds = time.perf_counter() - started
         episodes: list[Episode] = []
         for index, result in enumerate(results):
             if isinstance(result, BaseException):
                 result.add_note(f"(tito_agents.rl: in the rollout of prompt entry {index})")
                 raise result
             episodes.append(result)
+        return episodes, seconds, num_generations
+
+    def _to_rows(
+        self, episodes: list[Episode], num_generations: int, rollout_s: float, wait_s: float
+    ) -> dict[str, list[Any]]:
+        converting = time.perf_counter()
         samples = []
         for index, ep in enumerate(episodes):
             try:
@@ -199,13 +286,33 @@ class TrlRollout:
             except EpisodeSplitError as exc:
                 exc.add_note(f"(tito_agents.rl: in the rollout of prompt entry {index})")
                 raise
-        out = to_trl_rollout(samples, reward_key=self.reward_key, num_generations=num_generations)
+        straddling = mislabelled = masked = 0
+        if self.versions is not None:
+            calls = self.versions.of_calls(c for ep in episodes for c in ep.calls)
+            straddling = sum(v.straddles for v in calls.values())
+            mislabelled = sum(v.mislabelled for v in calls.values())
+            samples = [relabel(s, calls) for s in samples]
+            current = self.versions.current
+            if self.max_staleness is not None and current is not None:
+                samples, report = filter_stale(samples, current, self.max_staleness, mode="mask")
+                masked = report.masked_tokens
+        if self.rows is not None:
+            out = self.rows(samples, episodes, num_generations)
+        else:
+            out = to_trl_rollout(
+                samples, reward_key=self.reward_key, num_generations=num_generations
+            )
         self.last_samples = samples
+        self.last_episodes = episodes
         self.last_timings = RolloutTimings(
             episodes=len(episodes),
-            rollout_s=rolled - started,
-            convert_s=time.perf_counter() - rolled,
+            rollout_s=rollout_s,
+            convert_s=time.perf_counter() - converting,
             policy_versions=[oldest_version(s) for s in samples],
+            wait_s=wait_s,
+            straddling_calls=straddling,
+            mislabelled_calls=mislabelled,
+            stale_tokens_masked=masked,
         )
         return out
 
@@ -218,9 +325,17 @@ class TrlRollout:
                 ep.set_reward(reward)
         return ep
 
-    def close(self) -> None:
-        """Stop the background event loop (idempotent)."""
+    def close(self, *, client: bool = False) -> None:
+        """Stop the background event loop (idempotent; a later call starts a new one); a
+        lag-mode batch in flight is dropped. `client=True` also closes the async client: its
+        connections were opened on that loop, so its `close()` is awaited there (nothing else
+        can close them without "unclosed socket" warnings)."""
+        self._pending = None
         if self._loop is not None:
+            closer = getattr(self.client, "close", None) if client else None
+            if closer is not None and inspect.iscoroutinefunction(closer):
+                with contextlib.suppress(Exception):
+                    self._loop.run(closer(), 30)
             self._loop.close()
             self._loop = None
 

@@ -20,6 +20,7 @@ torch is imported on first use, by `save_weights` only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -69,6 +70,16 @@ class WeightUpdate:
     """Writing the safetensors (0.0 when the caller saved them)."""
     reload_s: float
     """Pause, `reload_weights` on every worker, version label, resume."""
+    pause: PauseMode | None = None
+    """How in-flight requests were handled (`tito_agents.rl.versions` reads a call's version
+    from it and the times below)."""
+    paused_at: float | None = None
+    """Wall-clock time (`time.time()`, as `Call.started_at`) the pause was asked for."""
+    drained_at: float | None = None
+    """When `/pause` answered: with "wait" no request is in flight from here to `resumed_at`."""
+    resumed_at: float | None = None
+    """When `/resume` answered: requests are sampled by the new weights from here (and those
+    held during the pause, by them too)."""
 
     @property
     def seconds(self) -> float:
@@ -143,14 +154,17 @@ class VllmWeights:
         path = Path(weights_path).resolve()
         started = time.perf_counter()
         previous = self.version()  # also the cheap check that the routes exist
+        paused_at = time.time()
         if pause is not None:
             self.pause(pause)
+        drained_at = time.time()
         try:
             self.reload(path)
             self.set_version(version)
         finally:
             if pause is not None:
                 self.resume()
+            resumed_at = time.time()
         reported = self.version()
         if reported != version:
             raise WeightSyncError(
@@ -162,6 +176,10 @@ class VllmWeights:
             weights_path=path,
             save_s=0.0,
             reload_s=time.perf_counter() - started,
+            pause=pause,
+            paused_at=paused_at,
+            drained_at=drained_at,
+            resumed_at=resumed_at,
         )
 
 
@@ -218,10 +236,4 @@ def push_weights(
     path = save_weights(model, weights_dir, dtype=dtype)
     saved = time.perf_counter() - started
     update = server.update(path, str(version), pause=pause)
-    return WeightUpdate(
-        version=update.version,
-        previous=update.previous,
-        weights_path=update.weights_path,
-        save_s=saved,
-        reload_s=update.reload_s,
-    )
+    return dataclasses.replace(update, save_s=saved)

@@ -97,9 +97,11 @@ demo: $(STAMP)
 	    --episodes 6 --concurrency 3 --out out/demo-samples.jsonl
 
 # One RL iteration: collect -> convert -> score as the trainer (tito vs a text pipeline) -> GRPO
-# step -> serve the new weights (own vLLM on port 8776) -> collect with the new policy_version.
+# step -> serve the new weights (reloaded in place: the server runs in dev mode; else its own vLLM
+# on port 8776) -> collect with the new policy_version.
 rl-step: $(STAMP)
-	@if $(PYTHON) scripts/vllm_server.py status >/dev/null 2>&1; then started=0; else started=1; fi; \
+	@export VLLM_SERVER_DEV_MODE=1; \
+	if $(PYTHON) scripts/vllm_server.py status >/dev/null 2>&1; then started=0; else started=1; fi; \
 	trap '[ $$started = 1 ] && $(PYTHON) scripts/vllm_server.py stop' EXIT; \
 	$(PYTHON) scripts/vllm_server.py start && \
 	$(PY) examples/rl_step.py --base-url http://127.0.0.1:$(TITO_VLLM_PORT)/v1 --out out/rl-step && \
@@ -117,7 +119,8 @@ rl-loop: $(STAMP)
 	trap '[ $$started = 1 ] && $(PYTHON) scripts/vllm_server.py stop' EXIT; \
 	$(PYTHON) scripts/vllm_server.py start && \
 	$(PY) examples/rl_loop.py --base-url http://127.0.0.1:$(RL_LOOP_PORT)/v1 --steps $(RL_STEPS) \
-	    --out out/rl-loop
+	    --out out/rl-loop && \
+	$(PY) -m tito_agents.cli compare out/rl-loop/loop.json
 
 vllm:
 	$(PYTHON) scripts/vllm_server.py start

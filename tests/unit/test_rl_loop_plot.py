@@ -53,3 +53,25 @@ def test_no_browser_no_png(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     monkeypatch.setattr(loop_plot.shutil, "which", lambda name: None)
     assert not loop_plot.to_png("<html></html>", tmp_path / "x.png")
     assert "no values" in loop_plot.curve_svg([], "reward_mean", "reward", None)
+
+
+def test_compare_renders_a_loop_file(tmp_path: Path) -> None:
+    """`tito-agents compare loop.json` prints a line per step and pipeline; `--html` writes the
+    page with both curves (`make rl-loop` ends with it)."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "loop.json"
+    path.write_text(json.dumps({"rows": rows()}))
+    cli = [sys.executable, "-m", "tito_agents.cli", "compare", str(path)]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 4 and "7/200" in done.stdout
+    page = tmp_path / "loop.html"
+    done = subprocess.run([*cli, "--html", str(page)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert page.read_text().count("<svg") == 2
+    path.write_text(json.dumps({"rows": "no"}))
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "RL loop" in done.stderr

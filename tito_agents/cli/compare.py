@@ -1,8 +1,10 @@
 """`tito-agents compare`: the trainer-view comparison (tito samples vs a text pipeline) as a table,
-or as an HTML page with the histogram of log ratios of both pipelines.
+or as an HTML page with the histogram of log ratios of both pipelines; or an RL loop's steps.
 
-Reads the JSON that `examples/rl_step.py` (`make rl-step`) or `Comparison.to_dict()` writes; the
-scoring itself needs torch and the model (`tito_agents.trainer_check`), the plot does not.
+Reads the JSON that `examples/rl_step.py` (`make rl-step`) or `Comparison.to_dict()` writes, or the
+`loop.json` of `examples/rl_loop.py` (`make rl-loop`: one row per step and pipeline, rendered by
+`tito_agents.rl.loop_plot`); the scoring itself needs torch and the model
+(`tito_agents.trainer_check`), the tables and plots do not.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tito_agents.cli._errors import EXIT_OK, CliInputError
+from tito_agents.rl.loop_plot import is_loop, loop_lines, render_loop_html
 from tito_agents.trainer_check.plot import render_html
 
 __all__ = ["add_parser", "run"]
@@ -24,7 +27,8 @@ def add_parser(subparsers: Any) -> None:
         "compare",
         help="plot a trainer-view comparison (log ratios: tito samples vs a text pipeline)",
         description="Show or plot the comparison JSON written by `make rl-step` "
-        "(examples/rl_step.py) or by tito_agents.trainer_check.Comparison.to_dict().",
+        "(examples/rl_step.py) or by tito_agents.trainer_check.Comparison.to_dict(), or the "
+        "loop.json of `make rl-loop` (examples/rl_loop.py).",
     )
     parser.add_argument("comparison", help="the comparison JSON file")
     parser.add_argument("--html", metavar="FILE", help="write the plot and table to this HTML file")
@@ -36,8 +40,10 @@ def _load(path: str) -> dict[str, Any]:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise CliInputError(path, f"not JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(data, dict) or "tito" not in data:
-        raise CliInputError(path, "not a trainer-view comparison (no 'tito' figures)")
+    if not isinstance(data, dict) or ("tito" not in data and not is_loop(data)):
+        raise CliInputError(
+            path, "not a trainer-view comparison (no 'tito' figures) nor an RL loop's steps"
+        )
     return data
 
 
@@ -52,6 +58,13 @@ def _line(name: str, figures: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     data = _load(args.comparison)
+    if is_loop(data):
+        if args.html:
+            Path(args.html).write_text(render_loop_html(data), encoding="utf-8")
+            sys.stdout.write(f"wrote {args.html}\n")
+        else:
+            sys.stdout.write("\n".join(loop_lines(data)) + "\n")
+        return EXIT_OK
     if args.html:
         Path(args.html).write_text(render_html(data), encoding="utf-8")
         sys.stdout.write(f"wrote {args.html}\n")

@@ -108,12 +108,13 @@ def test_brute_force_sampling_frequencies(params: SamplingParams) -> None:
     assert_frequencies(counts, np.exp(behaviour_logprobs(*all_tokens(row), params).logprobs))
 
 
+@pytest.mark.e2e  # the e2e tier runs after `make vllm-prepare`, so the vLLM venv exists there
 @pytest.mark.timeout(300)
 def test_vllm_sampler_draws_and_processed_logprobs() -> None:
     """vLLM's own sampler (CPU build, processed_logprobs): its draw frequencies and the logprobs it
     returns are those of `behaviour_logprobs`, per row parameters in one batch, ties included."""
     if not VLLM_PYTHON.exists():
-        pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (make vllm-venv builds it)")
+        pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (make vllm-prepare builds it)")
     rng = np.random.default_rng(3)
     rows: list[tuple[list[float], SamplingParams]] = [
         (rng.normal(0, 1.5, size=12).tolist(), params) for params in CONFIGS

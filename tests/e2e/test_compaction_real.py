@@ -145,3 +145,77 @@ def test_plain_client_summariser_on_real_vllm(vllm_base_url: str, vllm_model: st
         if before.is_summary:
             assert after.rewrite == "summary" and not after.is_summary
     assert all(s.reward == 1.0 for s in samples)
+
+
+async def test_agents_sdk_input_filter_summariser_on_real_vllm(
+    vllm_base_url: str, vllm_model: str
+) -> None:
+    """The Agents SDK's documented hook for rewriting a run's input,
+    `RunConfig.call_model_input_filter`, summarising the history with a labelled model call of its
+    own once it grows (the SDK's `OpenAIResponsesCompactionSession` has OpenAI's server summarise:
+    nothing sampled to train; docs/openai-agents.md). Four runs of one conversation; checked
+    against the SDK's own record (`RunResult.raw_responses`) plus the filter's summaries."""
+    import openai
+    import tito_agents_openai_agents as tito_oa
+    from agents import Agent, ModelSettings, RunConfig, Runner
+    from agents.run_config import CallModelData, ModelInputData
+
+    from tito_agents.samples import SUMMARIZER_ROLE
+
+    client = openai.AsyncOpenAI(base_url=vllm_base_url, api_key="EMPTY")
+    summaries: list[str] = []
+
+    async def summarise(data: CallModelData[Any]) -> ModelInputData:
+        items = list(data.model_data.input)
+        if len(items) < 4:
+            return data.model_data
+        transcript = "\n".join(str(item.get("content")) for item in items)
+        with tito.labels(role=SUMMARIZER_ROLE):
+            done = await client.chat.completions.create(
+                model=vllm_model,
+                messages=[
+                    {"role": "system", "content": "Summarise this conversation."},
+                    {"role": "user", "content": transcript},
+                ],
+                max_tokens=24,
+            )
+        summaries.append(str(done.choices[0].message.content))
+        recap = {"role": "user", "content": f"Summary so far: {summaries[-1]}"}
+        return ModelInputData(input=[recap, *items[-1:]], instructions=data.model_data.instructions)
+
+    with tito.Collector(assembly="merged", capture_logprobs=True) as collector:
+        tito_oa.install(
+            collector, client, model=vllm_model, api="chat_completions", export_traces=False
+        )
+        agent = Agent(
+            name="chat",
+            instructions="Answer in one short sentence.",
+            model_settings=ModelSettings(max_tokens=24, temperature=0.7),
+        )
+        raw = 0
+        history: list[Any] = []
+        async with collector.episode("e2e-oa-compaction") as episode:
+            for text in TURNS:
+                result = await Runner.run(
+                    agent,
+                    [*history, {"role": "user", "content": text}],
+                    run_config=RunConfig(call_model_input_filter=summarise),
+                )
+                raw += len(result.raw_responses)
+                history = result.to_input_list()
+            episode.set_reward(1.0)
+        samples = episode.samples
+    await client.close()
+
+    assert summaries
+    spans = [span for s in samples for span in s.spans]
+    assert len(spans) == raw + len(summaries) == len({sp.call_id for sp in spans})
+    assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)
+    assert {s.agent for s in samples} == {"chat"}
+    assert {s.trajectory_id for s in samples} == {samples[0].trajectory_id}
+    assert [s.prev_sample_id for s in samples[1:]] == [s.sample_id for s in samples[:-1]]
+    assert sum(s.is_summary for s in samples) == len(summaries)
+    for before, after in itertools.pairwise(samples):
+        if before.is_summary:
+            assert after.rewrite == "summary" and not after.is_summary
+    assert all(s.reward == 1.0 for s in samples)

@@ -22,6 +22,7 @@ BENCHMARKS = [
     ("trainer converters (issue 10)", "bench_convert.py", []),
     ("capture gateway (issue 21)", "bench_gateway.py", []),
     ("re-scoring constrained calls (issue 16)", "bench_rescore.py", []),
+    ("tito's share of an RL loop step (issue 28)", "bench_rl_share.py", []),
 ]
 
 

@@ -25,8 +25,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tito_agents.collector import Collector
-from tito_agents.rl.versions import VersionLog
-from tito_agents.rl.weights import DEFAULT_TIMEOUT, PauseMode, WeightUpdate, push_weights
+from tito_agents.rl.versions import VersionLog, push_and_record
+from tito_agents.rl.weights import DEFAULT_TIMEOUT, PauseMode, WeightUpdate
 
 
 class WeightSyncCallback(TrainerCallback):
@@ -72,19 +72,4 @@ class WeightSyncCallback(TrainerCallback):
         model = kwargs.get("model")
         if model is None:
             raise ValueError("the trainer passed no model to its callback")
-        update = push_weights(
-            model,
-            self.base_url,
-            self.weights_dir,
-            version=str(step),
-            dtype=self.dtype,
-            pause=self.pause,
-            timeout=self.timeout,
-        )
-        if self.collector is not None:
-            self.collector.settings.policy_version = update.version
-        if self.versions is not None:
-            self.versions.record(update)
-        self.updates.append(update)
-        if self.on_update is not None:
-            self.on_update(update)
+        push_and_record(self, model, str(step))

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from tito_agents.collector import Collector
-from tito_agents.rl.versions import VersionLog
-from tito_agents.rl.weights import DEFAULT_TIMEOUT, PauseMode, WeightUpdate, push_weights
+from tito_agents.rl.versions import VersionLog, push_and_record
+from tito_agents.rl.weights import DEFAULT_TIMEOUT, PauseMode, WeightUpdate
 
 CLIP = 0.2
 """PPO's clip range for `frac_outside_clip` (as `trainer_check.stats.CLIP`)."""
@@ -72,22 +72,7 @@ class EngineSync:
         """What TRL calls before each new generation batch (once per optimizer step)."""
         trainer = self.trainer
         model = trainer.accelerator.unwrap_model(trainer.model)
-        update = push_weights(
-            model,
-            self.base_url,
-            self.weights_dir,
-            version=str(int(trainer.state.global_step)),
-            dtype=self.dtype,
-            pause=self.pause,
-            timeout=self.timeout,
-        )
-        if self.collector is not None:
-            self.collector.settings.policy_version = update.version
-        if self.versions is not None:
-            self.versions.record(update)
-        self.updates.append(update)
-        if self.on_update is not None:
-            self.on_update(update)
+        push_and_record(self, model, str(int(trainer.state.global_step)))
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(

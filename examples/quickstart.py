@@ -28,6 +28,7 @@ import httpx
 import openai
 
 import tito_agents as tito
+from tito_agents.sampling import probe_logprobs_mode
 
 WEATHER = {
     "Paris": "18C and sunny",
@@ -159,16 +160,6 @@ async def score_trained(base_url: str, model: str, samples: list[tito.Sample]) -
     return gaps
 
 
-async def logprobs_mode(base_url: str, model: str) -> str | None:
-    """The server's `--logprobs-mode`, probed with one token (`tito_agents.sampling`): vLLM does
-    not say it anywhere else a client can read."""
-    from tito_agents.sampling import mode_of_probe, probe_request
-
-    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=120) as http:
-        response = await http.post("/chat/completions", json=probe_request(model))
-    return mode_of_probe(response.json()) if response.status_code == 200 else None
-
-
 def constrained_gaps(samples: list[tito.Sample]) -> list[float]:
     """|rollout - policy| logprob on trained tokens sampled under a constraint."""
     gaps: list[float] = []
@@ -263,7 +254,7 @@ async def main() -> int:
     )
     spans = [span for s in samples for span in s.spans]
     truncated = sum(span.truncated for span in spans)
-    mode = await logprobs_mode(args.base_url, model)
+    mode = await asyncio.to_thread(probe_logprobs_mode, args.base_url, model, timeout=120)
     print(
         f"sampling        {json.dumps(sampling or {'temperature': 1.0})}: {truncated} of "
         f"{len(spans)} spans truncated; server logprobs mode (probed) {mode}"

@@ -112,12 +112,9 @@ def vllm_processed_url(vllm_base_url: str, vllm_model: str, vllm_servers: VllmSe
     """Base URL of a real vLLM started with `--logprobs-mode processed_logprobs`: the standard
     server when a one-token probe shows it runs that mode, else one started with the flag."""
     from tito_agents.sampling import PROCESSED_LOGPROBS as MODE
-    from tito_agents.sampling import mode_of_probe, probe_request
+    from tito_agents.sampling import probe_logprobs_mode
 
-    answer = httpx.post(
-        f"{vllm_base_url}/chat/completions", json=probe_request(vllm_model), timeout=120
-    )
-    if answer.status_code == 200 and mode_of_probe(answer.json()) == MODE:
+    if probe_logprobs_mode(vllm_base_url, vllm_model, timeout=120) == MODE:
         return vllm_base_url
     return vllm_servers.url(PROCESSED_LOGPROBS)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -25,8 +24,7 @@ from tito_agents.sampling import (
     PROCESSED_LOGPROBS,
     RAW_LOGPROBS,
     declare_sampling,
-    mode_of_probe,
-    probe_request,
+    probe_logprobs_mode,
 )
 
 torch = pytest.importorskip("torch", reason="the trainer check needs torch")
@@ -58,10 +56,10 @@ def _collect(base_url: str, model: str, tmp_path: Path) -> list[tito.Sample]:
     return samples
 
 
-def _probe(base_url: str, model: str) -> Any:
-    answer = httpx.post(f"{base_url}/chat/completions", json=probe_request(model), timeout=120)
-    answer.raise_for_status()
-    return mode_of_probe(answer.json())
+def _probe(base_url: str, model: str) -> str:
+    mode = probe_logprobs_mode(base_url, model, timeout=120)
+    assert mode is not None, "the one-token probe could not tell the server's logprobs mode"
+    return mode
 
 
 @pytest.fixture(scope="module")

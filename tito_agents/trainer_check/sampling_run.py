@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from tito_agents.sampling import declare_sampling, mode_of_probe, probe_request
+from tito_agents.sampling import declare_sampling, probe_logprobs_mode
 from tito_agents.trainer_check.behaviour import BehaviourFigures, behaviour_figures
 from tito_agents.trainer_check.model import load_policy
 
@@ -48,13 +48,6 @@ PROMPTS = (
     "Describe a busy market in the morning.",
     "Give advice to someone learning to cook.",
 )
-
-
-def probe_mode(base_url: str, model: str) -> str | None:
-    """The server's logprobs mode from one cheap request (`tito_agents.sampling.mode_of_probe`)."""
-    response = httpx.post(f"{base_url}/chat/completions", json=probe_request(model), timeout=120)
-    response.raise_for_status()
-    return mode_of_probe(response.json())
 
 
 def collect(
@@ -112,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base_url = args.base_url.rstrip("/")
     model = args.model or httpx.get(f"{base_url}/models", timeout=60).json()["data"][0]["id"]
-    mode = args.logprobs_mode or probe_mode(base_url, model)
+    mode = args.logprobs_mode or probe_logprobs_mode(base_url, model, timeout=120)
     print(f"server {base_url} ({model}), logprobs mode {mode}", file=sys.stderr)
     policy = load_policy(args.model_dir.expanduser(), "fp32")
     results: dict[str, Any] = {"model": model, "logprobs_mode": mode, "configs": {}}

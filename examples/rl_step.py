@@ -217,6 +217,7 @@ def _round2(
         weights = VllmWeights(base_url)
         update = weights.update(new_dir, "1")
         step["reload_s"] = update.seconds
+        step["reload"] = "in-place"
         _say(f"reload: {new_dir} served in place in {update.seconds:.2f} s (version 1)")
         try:
             return asyncio.run(collect(base_url, policy_version="1", seed=1000, **collect_kw))
@@ -226,6 +227,7 @@ def _round2(
     started = time.monotonic()
     with served(new_dir, reload_port) as url:
         step["reload_s"] = time.monotonic() - started
+        step["reload"] = "restart"
         return asyncio.run(collect(url, policy_version="1", seed=1000, **collect_kw))
 
 

@@ -6,6 +6,7 @@ each connection handler cancelled at shutdown, unless the handler ends normally.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import socket
@@ -35,6 +36,32 @@ def test_stop_with_open_keep_alive_connections_logs_nothing(
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not errors, [r.getMessage() for r in errors]
     assert server.stats.connections == 3
+
+
+def test_stop_right_after_clients_close_or_connect_leaves_no_task_pending(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """CI caught "Task was destroyed but it is pending!" on stderr: a client had just closed its
+    connection, the handler was awaiting the close, and the loop closed under it. Every round stops
+    the server with handlers in each state — one awaiting its close, one idle on keep-alive, one
+    accepted without a request — and a collected pending task would log that error."""
+    caplog.set_level(logging.DEBUG, logger="asyncio")
+    for _ in range(30):
+        server = FakeVLLMServer(FakeConfig()).start()
+        served = []
+        for _ in range(2):
+            conn = socket.create_connection((server.host, server.port), timeout=30)
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+            assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+            served.append(conn)
+        served[0].close()  # its handler now reads EOF and awaits the close
+        silent = socket.create_connection((server.host, server.port), timeout=30)
+        server.stop()
+        served[1].close()
+        silent.close()
+        gc.collect()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not errors, errors
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

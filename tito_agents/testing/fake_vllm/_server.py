@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
@@ -174,11 +175,23 @@ class FakeVLLMServer:
             loop.close()
 
     async def _shutdown(self) -> None:
+        """Close the listener, then end every task on the loop before it closes.
+
+        Every task, not a snapshot of `_connections`: a connection accepted just before the close
+        has a task that has not started yet (it registers itself when it runs), and a loop closed
+        under a pending task prints "Task was destroyed but it is pending!" to stderr. Only
+        registered connections are cancelled (a task cancelled before it starts ends cancelled,
+        which asyncio.streams reports); unstarted ones get a turn to start, then are cancelled.
+        """
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        current = asyncio.current_task()
+        deadline = time.monotonic() + _STOP_TIMEOUT
+        while others := [task for task in asyncio.all_tasks() if task is not current]:
+            for task in others:
+                if task in self._connections or time.monotonic() > deadline:
+                    task.cancel()
+            await asyncio.wait(others, timeout=0.05)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -204,11 +217,13 @@ class FakeVLLMServer:
             # task when it is done, which raises (and prints a traceback) for a cancelled task.
             pass
         finally:
+            writer.close()
+            # Still registered while it waits for the close, so `_shutdown` waits for it too; a
+            # cancel landing here only cuts that wait short.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await writer.wait_closed()
             if task is not None:
                 self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer requests on one connection until the client or a response ends it."""

@@ -78,6 +78,7 @@ def toy_call(
     policy_version: str | None = None,
     status: CallStatus = CallStatus.COMPLETE,
     labels: dict[str, str] | None = None,
+    policy: str | None = None,
 ) -> Call:
     """A call of the toy model (`tests.factories.make_call` with the toy's defaults): the `seq`-th
     request, timed by `seq`, one distinct rollout logprob per sampled id; `prompt` given as an
@@ -102,4 +103,5 @@ def toy_call(
         reward=reward,
         policy_version=policy_version,
         labels=dict(labels or {}),
+        policy=policy,
     )

@@ -41,7 +41,16 @@ from tito_agents.convert import group_advantages
 from tito_agents.samples import SUMMARIZER_ROLE, Sample, trajectory_id_for
 
 WORD = st.integers(LETTER0, PAIR0 + 26 * 26 - 1)
-OPS = ["extend", "extend", "summary", "summary_unlabelled", "truncate", "edit", "clear_reasoning"]
+OPS = [
+    "extend",
+    "extend",
+    "summary",
+    "summary_unlabelled",
+    "truncate",
+    "edit",
+    "clear_reasoning",
+    "switch_policy",
+]
 EXPECTED = {
     "summary": "summary",
     "summary_unlabelled": "summary",
@@ -61,6 +70,9 @@ class Step:
     labelled: bool = False
     expected: str | None = None
     """The rewrite kind the segment this call starts must carry (None: it extends, or unknown)."""
+    policy: str | None = None
+    switched: bool = False
+    """The agent's policy changed (`Collector(policies=...)` mid-episode) just before this call."""
 
 
 @dataclass
@@ -69,6 +81,7 @@ class AgentRun:
     counter: list[int]
     steps: list[Step] = field(default_factory=list)
     history: list[list[int]] = field(default_factory=list)
+    policy: str | None = None
 
     def fresh(self) -> int:
         self.counter[0] += 1
@@ -78,14 +91,16 @@ class AgentRun:
     def msg(self, role: int) -> list[int]:
         return message(role, self.fresh(), *self.draw(st.lists(WORD, max_size=3)))
 
-    def turn(self, expected: str | None) -> None:
+    def turn(self, expected: str | None, switched: bool = False) -> None:
         """The agent samples one assistant message on its history."""
         think: list[int] = []
         if self.draw(st.booleans()):
             think = [THINK, *self.draw(st.lists(WORD, max_size=2)), END_THINK]
         sampled = [*think, self.fresh(), *self.draw(st.lists(WORD, min_size=1, max_size=4)), IM_END]
         prompt = [t for m in self.history for t in m] + HEADER
-        self.steps.append(Step(prompt, sampled, expected=expected))
+        self.steps.append(
+            Step(prompt, sampled, expected=expected, policy=self.policy, switched=switched)
+        )
         self.history.append([*HEADER, *sampled, NL])
 
     def summarise(self, labelled: bool) -> None:
@@ -93,7 +108,9 @@ class AgentRun:
         quoted = [t for m in self.history[1:] for t in m if t >= LETTER0][:12]
         prompt = [*message(SYSTEM, self.fresh()), *message(USER, *quoted), *HEADER]
         body = [self.fresh(), *self.draw(st.lists(WORD, min_size=8, max_size=10))]
-        self.steps.append(Step(prompt, [*body, IM_END], summarizer=True, labelled=labelled))
+        self.steps.append(
+            Step(prompt, [*body, IM_END], summarizer=True, labelled=labelled, policy=self.policy)
+        )
         self.history = [self.history[0], message(USER, *body)]
 
     def run(self, n_ops: int) -> None:
@@ -112,10 +129,12 @@ class AgentRun:
                 self.history[at] = [*old[:3], self.fresh(), *old[4:]]
             elif op == "clear_reasoning" and any(THINK in m for m in self.history):
                 self.history = [_without_think(m) for m in self.history]
+            elif op == "switch_policy":
+                self.policy = "b" if self.policy == "a" else "a"
             else:
                 op = "extend"
             self.history.append(self.msg(self.draw(st.sampled_from([TOOL, USER]))))
-            self.turn(EXPECTED.get(op))
+            self.turn(EXPECTED.get(op), switched=op == "switch_policy")
 
 
 def _without_think(msg: list[int]) -> list[int]:
@@ -144,6 +163,7 @@ def episodes(draw: st.DrawFn) -> tuple[list[Call], dict[str, Step]]:
             seq=seq,
             agent=name,
             labels={"role": SUMMARIZER_ROLE} if step.labelled else None,
+            policy=step.policy,
         )
         calls.append(call)
         steps[call.call_id] = step
@@ -184,9 +204,14 @@ def test_every_token_once_segments_linked_summaries_trained(
         ]
         assert all(s.reward == 1.0 for s in segments)  # the episode's reward, summaries too
     advantages = group_advantages(samples, unit="trajectory")
-    for agent in ("solver", "critic"):
-        values = {float(a) for a, s in zip(advantages, samples, strict=True) if s.agent == agent}
-        assert len(values) == 1
+    for agent in ("solver", "critic"):  # a policy switch puts the trajectory in each policy's group
+        for policy in {s.policy for s in samples if s.agent == agent}:
+            values = {
+                float(a)
+                for a, s in zip(advantages, samples, strict=True)
+                if (s.agent, s.policy) == (agent, policy)
+            }
+            assert len(values) == 1
 
     # summaries are segments of their agent, say so, and the next segment says it follows one
     for call_id, step in steps.items():
@@ -201,6 +226,10 @@ def test_every_token_once_segments_linked_summaries_trained(
             assert sample.rewrite == step.expected, (step.expected, sample.start_reason)
         if step.expected is not None:
             assert sample.spans[0].call_id == call_id  # every rewrite starts a segment
+        if step.switched:  # one policy per sample: the switch starts a segment, not a rewrite
+            assert sample.spans[0].call_id == call_id and sample.rewrite is None
+            assert sample.start_reason in ("policy_switch", "resample", "branch")
+        assert sample.policy == step.policy  # every call of a sample went to the sample's policy
     by_child = {d.sample_id: d for d in divergences}
     for sample in samples:
         if sample.segment_index:

@@ -162,6 +162,38 @@ def test_async_clients_route_and_mapping_changes_apply_from_the_next_request() -
     assert fake.models_sent() == ["a", "b"]
 
 
+def test_a_mapping_change_mid_episode_splits_a_merged_sample_at_the_switch() -> None:
+    """A merged sample is trained on one policy: the turn sent to the new adapter starts the next
+    segment (start_reason "policy_switch", nothing rewritten), every sampled token trained once."""
+    fake = MultiModelFake()
+    with tito.Collector(policies={"planner": "a"}, assembly="merged") as collector:
+        client = collector.wrap(fake.client())
+        with collector.episode("e1") as ep, tito.agent("planner"):
+            messages: list[dict[str, str]] = [{"role": "user", "content": "hi"}]
+            for turn in range(4):
+                if turn == 2:
+                    collector.settings.policies = {"planner": "b"}
+                reply = client.chat.completions.create(model=BASE, messages=messages, max_tokens=8)
+                answer = reply.choices[0].message.content or ""
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": f"go on {turn}"},
+                ]
+        samples = captured_samples(collector)
+    assert fake.models_sent() == ["a", "a", "b", "b"]
+    assert [(s.policy, len(s.spans)) for s in samples] == [("a", 2), ("b", 2)]
+    first, second = samples
+    assert (first.end_reason, second.start_reason) == ("policy_switch", "policy_switch")
+    assert second.prev_sample_id == first.sample_id and second.rewrite is None
+    assert np.array_equal(second.token_ids[: first.num_tokens], first.token_ids)  # extended
+    assert not second.loss_mask[: second.spans[0].start].any()
+    calls = {c.call_id: c for c in ep.calls}
+    assert sum(s.num_trained for s in samples) == sum(c.sampled_ids.size for c in calls.values())
+    (switch,) = ep.divergences
+    assert (switch.kind.value, switch.rewrite_point) == ("policy_switch", first.num_tokens)
+    assert switch.excerpt == "policy 'a' -> 'b'"
+
+
 def test_a_failing_hook_sends_the_request_as_written() -> None:
     def hook(agent: str | None, labels: Any) -> str | None:
         raise RuntimeError("boom")

@@ -188,6 +188,22 @@ def test_a_session_fallback_is_named_in_the_refusal(fake: FakeVLLM) -> None:
     assert "the same tools on every call" in message
 
 
+def test_a_policy_switch_mid_episode_is_named_in_the_refusal(fake: FakeVLLM) -> None:
+    """The agent's second call goes to another policy (a hook that answers by call count): the
+    merged sample splits there (one policy per sample) and the refusal says how to avoid it."""
+    seen: list[str | None] = []
+
+    def hook(agent: str | None, labels: Any) -> str | None:
+        seen.append(agent)
+        return None if len(seen) == 1 else MODEL_NAME
+
+    rollout = make_rollout(fake, policies=hook)
+    with rollout, pytest.raises(EpisodeSplitError) as caught:
+        rollout.run(["Weather in Paris?"], num_generations=1)
+    message = str(caught.value)
+    assert "policy_switch" in message and "one policy for a whole episode" in message
+
+
 def test_misconfigured_collector_or_prompts_are_refused(fake: FakeVLLM) -> None:
     with pytest.raises(ConfigurationError, match="assembly='merged'"):
         make_rollout(fake, assembly="per_call")

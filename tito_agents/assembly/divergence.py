@@ -77,6 +77,10 @@ class DivergenceKind(enum.Enum):
     """A parallel sub-call: sent before the call it would extend had returned."""
     OTHER = "other"
     """The last completion was rewritten for a reason the ids (and text) cannot tell."""
+    POLICY_SWITCH = "policy_switch"
+    """The prompt extends the history, but the call went to another policy (`Call.policy`, a
+    `Collector(policies=...)` mapping changed mid-episode): a sample carries one policy, so the call
+    starts a new one. Nothing was rewritten; the rewrite point is the whole old sequence."""
 
 
 EPISODE_START = "episode_start"

@@ -20,8 +20,8 @@ Summarising calls
     An unlabelled call is recognised as a summariser when its sampled ids reappear in a later
     rewritten prompt of the agent (its span's role then says "summarizer" too).
 
-Rewrite kinds (`Sample.rewrite`), first match wins, for a segment that is not a resample, a branch
-or a summarising call itself:
+Rewrite kinds (`Sample.rewrite`), first match wins, for a segment that is not a resample, a branch,
+a policy switch or a summarising call itself:
 
 * "summary": a summarising call of the agent ran since the history was last extended (the call
   labelled so, or one whose sampled ids appear in the new prompt after the rewrite point);
@@ -205,7 +205,7 @@ def rewrite_kind(
     `old_tail` is the parent's history after the rewrite point, `new_tail` the new prompt after
     it (both windowed by the caller); `summarized`: a summarising call ran since the parent's
     last call."""
-    if kind in (DivergenceKind.RESAMPLE, DivergenceKind.BRANCH):
+    if kind in (DivergenceKind.RESAMPLE, DivergenceKind.BRANCH, DivergenceKind.POLICY_SWITCH):
         return None
     if summarized:
         return "summary"

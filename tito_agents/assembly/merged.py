@@ -30,6 +30,14 @@ Divergence (the rewrite point)
     (backtracking) is a divergence like any other: same samples, the kind says where the prompt left
     the history.
 
+One policy per sample
+    A sample is trained on one policy (`Sample.policy`: the model / LoRA adapter the calls went to).
+    A call that extends a tip but went to another policy than the chain's last call starts a new
+    chain all the same: `POLICY_SWITCH` (rewrite point = the whole tip), or the kind of rewrite
+    when another chain shares a longer prefix with the prompt (the extended chain was left behind
+    earlier). Its prompt is context, its sampled ids are trained there. A chain left by a switch is
+    continued by the new one: no later call extends it (a rewrite of the new one is diagnosed).
+
 Reasons
     `start_reason` is `"episode_start"` for an agent's first sample, else the kind of the divergence
     that started it (`"retokenized"`, `"resample"`, ...). `end_reason` is the kind of the last divergence
@@ -108,6 +116,8 @@ class _Chain:
     tip_last: int
     touched: int
     end_reason: str = END
+    continued: bool = False
+    """Left by a policy switch: the next chain holds this tip, so no call extends it any more."""
 
     @classmethod
     def first(cls, call: Call, start_reason: str, clock: int) -> _Chain:
@@ -241,18 +251,25 @@ def _chain_agent(
     for clock, call in enumerate(calls):
         prompt_ids = call.prompt_ids
         chain = _extended_chain(chains, prompt_ids)
-        if chain is not None:
-            chain.append(call, clock)
-        elif not chains:
-            chain = _Chain.first(call, EPISODE_START, clock)
-            chains.append(chain)
-        else:
+        found: _Break | None = None
+        if chain is None and chains:
             found = _diagnose(call, chains, by_prompt_object.get(id(prompt_ids)), options)
-            chain = _Chain.first(call, found.kind.value, clock)
+        elif chain is not None and chain.calls[-1].policy != call.policy:
+            # Another policy: a new sample either way. A switch from `chain`, unless another
+            # chain shares a longer prefix (`chain` is stale, the history it left was rewritten).
+            found = _diagnose(call, chains, by_prompt_object.get(id(prompt_ids)), options)
+            if found.rewrite_point <= chain.tip_len:
+                found = _policy_switch(call, chain)
+                chain.continued = True
+        if chain is not None and found is None:
+            chain.append(call, clock)
+        else:
+            chain = _Chain.first(call, EPISODE_START if found is None else found.kind.value, clock)
+            chains.append(chain)
+        if found is not None:
             found.parent.end_reason = found.kind.value
             found.child = chain
             out_breaks.append(found)
-            chains.append(chain)
         by_prompt_object.setdefault(id(prompt_ids), (chain, call))
     out_chains.extend(chains)
 
@@ -261,6 +278,8 @@ def _extended_chain(chains: list[_Chain], prompt_ids: IdArray) -> _Chain | None:
     """The chain whose tip the prompt extends: the longest tip, ties to the latest touched."""
     best: _Chain | None = None
     for chain in chains:
+        if chain.continued:
+            continue
         if best is not None and (chain.tip_len, chain.touched) < (best.tip_len, best.touched):
             continue
         if chain.extended_by(prompt_ids):
@@ -330,6 +349,15 @@ def _diagnose(
     text = excerpt(prompt_ids, point, old_tail, new_tail, options.decode)
     rewrite, inferred = segment_rewrite(call, chains, parent, kind, old_tail, new_tail, options)
     return _Break(call, prev_call, parent, parent, point, kind, text, rewrite, inferred)
+
+
+def _policy_switch(call: Call, parent: _Chain) -> _Break:
+    """The break of a call that extends `parent`'s tip but went to another policy."""
+    prev_call = parent.calls[-1]
+    text = f"policy {prev_call.policy!r} -> {call.policy!r}"
+    return _Break(
+        call, prev_call, parent, parent, parent.tip_len, DivergenceKind.POLICY_SWITCH, text
+    )
 
 
 def _reuse(old_ids: IdArray, new_ids: IdArray) -> int:

@@ -416,6 +416,11 @@ def episode_sample(ep: Episode) -> Sample:
             "make the episode one linear conversation of one agent (the same tools on every "
             "call, no edited or trimmed history, no parallel or repeated calls of one prompt)"
         )
+    if "policy_switch" in reasons:
+        fixes.append(
+            "keep each agent on one policy for a whole episode (change Collector(policies=...) "
+            "between episodes)"
+        )
     if not fixes:
         fixes.append(SESSIONS_FIX)
     raise EpisodeSplitError(

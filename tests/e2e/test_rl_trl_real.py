@@ -8,6 +8,11 @@ before the second batch. Then: the engine's weight version went from "0" to "1" 
 fixed prompt differently, the second batch's spans carry version "1" (read off the engine's
 update times, `VersionLog`), re-score exactly against the new weights on the server, and not one
 trained token differs from the ids the engine sampled. The original weights are put back.
+
+Async mode (`lag=1`, item 5) runs the same two steps: the second batch is the first call's prompt
+again, sampled in the background while step 1 trained (TRL handed in another prompt by then), and
+each of its samples re-scores exactly against the weights of the version its spans name — "0" is
+checked after the original weights are back, "1" before — whichever the timing gave.
 """
 
 from __future__ import annotations
@@ -35,12 +40,16 @@ from tito_agents.rl.trl_engine import RatioProbe, attach_engine
 # ~1-2 min on an idle 2-core machine
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
-QUESTION = "Name a city in France and say one thing about it."
+QUESTIONS = [
+    "Name a city in France and say one thing about it.",
+    "Name a river in Germany and say one thing about it.",
+]
 
 
 @pytest.mark.filterwarnings("ignore:.*is deprecated and will be removed in v6:FutureWarning")
+@pytest.mark.parametrize("lag", [0, 1], ids=["sync", "async-lag1"])
 def test_two_trl_steps_update_the_engine_in_place(
-    vllm_servers: VllmServers, tmp_path: Path
+    vllm_servers: VllmServers, tmp_path: Path, lag: int
 ) -> None:
     import trl
     from datasets import Dataset
@@ -68,11 +77,13 @@ def test_two_trl_steps_update_the_engine_in_place(
         )
         return len(response.choices[0].message.content or "") / 64  # varies: advantages != 0
 
-    rollout = TrlRollout(agent, collector, client, versions=versions)
+    rollout = TrlRollout(agent, collector, client, versions=versions, lag=lag)
     batches: list[tuple[list[tito.Sample], dict[str, tito.Call]]] = []
+    handed: list[Any] = []  # the prompts TRL handed in at each call
     inner = rollout.run
 
     def recording(prompts: Any, n: int) -> Any:
+        handed.append(prompts[0])
         out = inner(prompts, n)
         calls = {c.call_id: c for ep in rollout.last_episodes for c in ep.calls}
         batches.append((rollout.last_samples, calls))
@@ -98,7 +109,7 @@ def test_two_trl_steps_update_the_engine_in_place(
         model=load_policy(model_dir, "fp32"),
         reward_funcs=passthrough_reward,
         args=config,
-        train_dataset=Dataset.from_dict({"prompt": [QUESTION] * 2}),
+        train_dataset=Dataset.from_dict({"prompt": QUESTIONS}),
         processing_class=load_tokenizer(model_dir),
         rollout_func=rollout,
     )
@@ -124,20 +135,43 @@ def test_two_trl_steps_update_the_engine_in_place(
         after = rescored_logprobs(url, name, probe_prompt)[1:]
         assert not np.array_equal(after, before)  # the engine scores with the new weights
 
-        assert len(batches) == 2
-        for (samples, calls), version in zip(batches, ("0", "1"), strict=True):
-            assert {s.policy_version for smp in samples for s in smp.spans} == {version}
-            for sample in samples:  # trained tokens are the engine's own ids
+        assert len(batches) == 2 and handed[0] != handed[1]  # one prompt per step
+        for samples, calls in batches:  # trained tokens are the engine's own ids
+            for sample in samples:
                 for span in sample.spans:
                     sampled = calls[span.call_id].sampled_ids.tolist()
                     assert sample.token_ids[span.start : span.end].tolist() == sampled
-        for sample in batches[1][0]:  # round 2 is exact against the new weights
-            exact = rescore_sample(url, name, sample)
-            assert exact.tokens > 0
-            assert exact.mean_abs <= MEAN_TOL and exact.max_abs <= MAX_TOL, exact
+        asked = [_question(url, batch[0][0]) for batch in batches]
+        versions_of = [{s.policy_version for smp in b[0] for s in smp.spans} for b in batches]
+        print(f"lag={lag}: versions per batch {versions_of}")
+        assert asked[0] == handed[0] and versions_of[0] == {"0"}
+        if lag == 0:
+            assert asked[1] == handed[1] and versions_of[1] == {"1"}
+        else:  # the first prompt again, sampled while step 1 trained: by "0" or "1", per span
+            assert asked[1] == handed[0] and versions_of[1] <= {"0", "1"}
+        by_version = {
+            v: [smp for smp in batches[1][0] if smp.spans[0].policy_version == v] for v in "01"
+        }
+        for sample in by_version["1"]:  # exact against the new weights
+            _assert_exact(url, name, sample)
         assert all(b.tokens > 0 for b in ratios.batches)
         assert "sampling/sampling_logp_difference/mean" in trainer.state.log_history[0]
     finally:
         rollout.close(client=True)
         served.update(model_dir, "e2e-restored")
     assert np.array_equal(rescored_logprobs(url, name, probe_prompt)[1:], before)
+    for sample in by_version["0"]:  # async: sampled before the update, exact against the old
+        _assert_exact(url, name, sample)
+
+
+def _question(url: str, sample: tito.Sample) -> str:
+    """The question a sample's episode was asked: the one whose rendered prompt it starts with."""
+    context = sample.token_ids[: sample.spans[0].start].tolist()
+    (asked,) = [q for q in QUESTIONS if context == tokenize(url, [{"role": "user", "content": q}])]
+    return asked
+
+
+def _assert_exact(url: str, name: str, sample: tito.Sample) -> None:
+    exact = rescore_sample(url, name, sample)
+    assert exact.tokens > 0
+    assert exact.mean_abs <= MEAN_TOL and exact.max_abs <= MAX_TOL, exact

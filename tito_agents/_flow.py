@@ -409,9 +409,9 @@ def _messages_answer(
     except BaseException:
         core.discard(pending, status)
         raise
-    core.finish_body(pending, status, body)
+    chat = core.finish_body_parsed(pending, status, body)
     try:
-        answer = encode_body(messages_response(orjson.loads(body)))
+        answer = encode_body(messages_response(chat if chat is not None else orjson.loads(body)))
     except ReplyError as error:  # vLLM's converter fails on this answer the same way
         answer, status = encode_body(error.body), error.status
     except Exception:  # an answer this converter cannot read (a bug): vLLM's own, uncaptured view

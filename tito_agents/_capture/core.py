@@ -11,6 +11,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -284,6 +285,21 @@ class CaptureCore:
     def finish_body(self, pending: PendingCall, status: int, body: bytes) -> bytes | None:
         """Record the calls of a complete non-streaming response. Returns the body to hand to the
         caller instead (without the fields capture added), or None to pass `body` on."""
+        parser = self._record_body(pending, status, body)
+        try:
+            return parser.caller_body()
+        except Exception:  # never break the agent's call: hand the body on as it came
+            logger.warning("could not rebuild the response body; passing it on", exc_info=True)
+            return None
+
+    def finish_body_parsed(
+        self, pending: PendingCall, status: int, body: bytes
+    ) -> Mapping[str, Any] | None:
+        """`finish_body` for a Messages call answered by the chat endpoint: the parsed body (its
+        ids may be placeholders), converted without a second parse; None when unparsable."""
+        return self._record_body(pending, status, body).payload
+
+    def _record_body(self, pending: PendingCall, status: int, body: bytes) -> ResponseParser:
         parser = ResponseParser(pending.info)
         try:
             choices = parser.parse_body(body)
@@ -293,11 +309,7 @@ class CaptureCore:
             logger.warning("could not parse a captured response", exc_info=True)
             choices = [failed_choice(MalformedResponseError(f"unreadable response ({exc!r})"))]
         self.record(pending, parser, choices, status, stream=False)
-        try:
-            return parser.caller_body()
-        except Exception:  # never break the agent's call: hand the body on as it came
-            logger.warning("could not rebuild the response body; passing it on", exc_info=True)
-            return None
+        return parser
 
     def open_stream(
         self,

@@ -99,6 +99,12 @@ class ResponseParser:
         """Parse a complete JSON response body."""
         raise NotImplementedError
 
+    @property
+    def payload(self) -> dict[str, Any] | None:
+        """The body `parse_body` parsed (None before, or when it failed). Id arrays the fast path
+        cut out are placeholders in it: everything else is the server's JSON."""
+        return self._payload
+
     def caller_body(self) -> bytes | None:
         """The body the caller would have got without capture, or None to pass it on as it came.
 

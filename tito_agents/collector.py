@@ -22,6 +22,9 @@ from tito_agents.config import (
     Policies,
     SessionHistoryPolicy,
     SinkErrorPolicy,
+    VersionLabel,
+    parse_policy_versions,
+    parse_version_label,
 )
 from tito_agents.episodes import Episode
 from tito_agents.errors import ConfigurationError
@@ -65,6 +68,7 @@ class Collector:
     keep_messages: keep each request's chat messages on its `Call` (in memory; persisted only with
         `record_messages=True`).
     policy_version: a label of the weights that sample now (async RL); set it again on each update.
+        A string, or an int (a step number), stored as its decimal string.
     policies: one policy per agent (docs/policies.md): agent name -> the model / LoRA adapter name
         its calls are sent to (`{"planner": "planner-lora"}`), or a hook `(agent, labels) -> name
         or None`. A routed request's `model` is set to that name (spliced into the caller's bytes;
@@ -115,9 +119,9 @@ class Collector:
         sink_errors: SinkErrorPolicy | str = SinkErrorPolicy.LOG,
         outside_episode: OutsideEpisodePolicy | str = OutsideEpisodePolicy.DEFAULT,
         keep_messages: bool = True,
-        policy_version: str | None = None,
+        policy_version: VersionLabel = None,
         policies: Policies | None = None,
-        policy_versions: Mapping[str, str | None] | None = None,
+        policy_versions: Mapping[str, VersionLabel] | None = None,
         end_of_turn_id: int | None = None,
         session_history: SessionHistoryPolicy | str = SessionHistoryPolicy.TEMPLATE,
         rescore_constrained: bool = False,
@@ -146,7 +150,6 @@ class Collector:
             error_policy=ErrorPolicy(errors),
             outside_episode=OutsideEpisodePolicy(outside_episode),
             keep_messages=keep_messages,
-            policy_version=policy_version,
             end_of_turn_id=end_of_turn_id,
             session_history=SessionHistoryPolicy(session_history),
             rescore_constrained=rescore_constrained,
@@ -162,7 +165,8 @@ class Collector:
         (`collector.settings.policy_version = "v8"` after a weight update)."""
         try:  # parsed and checked as they are stored
             self.settings.policies = policies or {}
-            self.settings.policy_versions = dict(policy_versions or {})
+            self.settings.policy_version = parse_version_label(policy_version)
+            self.settings.policy_versions = parse_policy_versions(policy_versions)
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from None
         self.stats = CaptureStats(delivery=sink.stats if isinstance(sink, BufferedSink) else None)

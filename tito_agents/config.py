@@ -7,6 +7,7 @@ imported by every stage and importing none of them (only the records `tito_agent
 from __future__ import annotations
 
 import enum
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeAlias
@@ -121,13 +122,32 @@ def parse_policies(value: Policies | None) -> Policies:
     return out
 
 
-def parse_policy_versions(value: Mapping[str, str | None] | None) -> dict[str, str | None]:
+VersionLabel: TypeAlias = str | int | None
+"""A weights' label as given: a string, an int (a step number) or None; stored as a string."""
+
+
+def parse_version_label(value: VersionLabel) -> str | None:
+    """A version label as stored: an int (a step counter, numpy's too) becomes its decimal string,
+    so every sink's schema (a string column) and `convert.policy_version_of` read it."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
+    raise ValueError(f"a policy version is a string, an int or None, not {value!r}")
+
+
+def parse_policy_versions(value: Mapping[str, VersionLabel] | None) -> dict[str, str | None]:
     """Per-policy version labels as stored on the settings (a copy: set them on the settings)."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise ValueError(f"policy_versions must map policy names to labels, not {value!r}")
-    return dict(value)
+    out = {}
+    for policy, label in value.items():
+        if not isinstance(policy, str) or not policy:
+            raise ValueError(f"policy_versions maps policy names to labels, got {policy!r}")
+        out[policy] = parse_version_label(label)
+    return out
 
 
 _CHOICES: dict[str, Any] = {
@@ -138,6 +158,7 @@ _CHOICES: dict[str, Any] = {
     "assembly": AssemblyMode.parse,
     "policies": parse_policies,
     "policy_versions": parse_policy_versions,
+    "policy_version": parse_version_label,
 }
 """The settings that hold one of a fixed set of choices, and how a plain string becomes one."""
 
@@ -218,9 +239,10 @@ class CaptureSettings:
 
     def version_for(self, policy: str | None) -> str | None:
         """The weights' label of `policy`: its own `policy_versions` entry, else `policy_version`."""
+        label = self.policy_version
         if policy is not None and policy in self.policy_versions:
-            return self.policy_versions[policy]
-        return self.policy_version
+            label = self.policy_versions[policy]  # entries set in place are not parsed: here
+        return label if label is None or isinstance(label, str) else str(label)
 
 
 @dataclass(slots=True)

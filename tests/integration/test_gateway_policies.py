@@ -64,8 +64,29 @@ def test_agent_urls_route_to_their_policy(adapter_a: FakeVLLMServer) -> None:
         }
         replaced = control.http.put("/control/policies", json={"policies": {"critic": "a"}})
         assert replaced.json()["policies"] == {"critic": "a"}
-        refused = control.http.put("/control/policies", json={"policies": {"critic": 3}})
-        assert refused.status_code == 400
+        both = {"policies": {"critic": "a"}, "policy_versions": {"a": 5}}
+        assert control.http.put("/control/policies", json=both).json() == {
+            "policies": {"critic": "a"},
+            "policy_versions": {"a": "5"},  # an int label is stored as its string
+        }
+        for bad in (
+            {"policies": {"critic": 3}},
+            {"polices": {}},
+            {},
+            [],
+            {"policies": "a"},
+            {"policies": {}, "policy_versions": {"a": 1.5}},
+            {"policies": {}, "policy_versions": "5"},
+        ):
+            refused = control.http.put("/control/policies", json=bad)
+            assert refused.status_code == 400, bad  # and nothing changed
+        assert control.http.get("/control/policies").json() == both | {
+            "policy_versions": {"a": "5"}
+        }
+        bad_label = control.http.put("/control/policy-version", json={"policy_version": 2.5})
+        assert bad_label.status_code == 400
+        step = control.http.put("/control/policy-version", json={"policy_version": 12})
+        assert step.json() == {"policy_version": "12"}
         planner.close()
         other.close()
     collector.close()

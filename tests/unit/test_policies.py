@@ -19,6 +19,7 @@ from tito_agents.calls import Endpoint, policy_of
 from tito_agents.config import CaptureSettings
 from tito_agents.convert import group_advantages, group_key
 from tito_agents.errors import ConfigurationError
+from tito_agents.sinks import read_file_samples
 from tito_agents.testing import captured_samples
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -222,6 +223,39 @@ def test_versions_per_policy_fall_back_to_the_global_one() -> None:
     settings.policy_versions = {"a": "9", "b": None}
     assert (settings.version_for("a"), settings.version_for("b")) == ("9", None)
     assert (settings.version_for("c"), settings.version_for(None)) == ("5", "5")
+
+
+def test_int_version_labels_are_stored_as_strings_and_every_sink_writes_them(
+    tmp_path: Any,
+) -> None:
+    """`policy_version=7` (a step counter, numpy's too) is natural; stored as an int it made the
+    Parquet sink refuse every sample (a string column). Labels are strings from the start, and
+    entries set in place on `settings.policy_versions` are read as strings too."""
+    fake = MultiModelFake()
+    parquet = tmp_path / "samples.parquet"
+    with tito.Collector(
+        str(parquet), policies=POLICIES, policy_version=np.int64(7), policy_versions={"b": 3}
+    ) as collector:
+        assert collector.settings.policy_version == "7"
+        assert collector.settings.policy_versions == {"b": "3"}
+        _run(fake, collector, ("planner", "coder"))
+        collector.settings.policy_versions["a"] = 9  # type: ignore[assignment]
+        _run(fake, collector, ("planner",))
+    assert collector.stats.delivery is not None and collector.stats.delivery.rejected == 0
+    read = list(read_file_samples(parquet))
+    assert sorted(s.spans[0].policy_version for s in read) == ["3", "7", "9"]
+
+
+@pytest.mark.parametrize("label", [1.5, True, [], {"v": 1}])
+def test_labels_that_are_not_strings_or_ints_are_refused(label: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        tito.Collector(policy_version=label)
+    with pytest.raises(ConfigurationError):
+        tito.Collector(policy_versions={"a": label})
+    with pytest.raises(ValueError):
+        CaptureSettings().policy_version = label
+    with pytest.raises(ConfigurationError):
+        tito.Collector(policy_versions={3: "a"})  # type: ignore[dict-item]
 
 
 # ---- GRPO groups per (policy, group) ----

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tito_agents.config import parse_policy_versions, parse_version_label
 from tito_agents.gateway._forward import api_error
 from tito_agents.gateway._registry import Registry, RegistryError, call_summaries
 
@@ -173,7 +174,7 @@ class ControlAPI:
         calls (`CaptureSettings.policy_versions`)."""
         body = await _json_object(request)
         settings = self.registry.collector.settings
-        version = _opt_str(body, "policy_version")
+        version = _label(body.get("policy_version"))
         policy = _opt_str(body, "policy")
         if policy is None:
             settings.policy_version = version
@@ -183,14 +184,23 @@ class ControlAPI:
 
     async def policies(self, request: Request) -> Response:
         """The agent -> policy mapping (`Collector(policies=...)`): read, or replaced with the
-        body's `policies` (an object; `{}` routes nothing). Applies from the next request."""
+        body's `policies` (an object; `{}` or null routes nothing; a body without the key is
+        refused, so a misspelt key cannot clear the mapping), and the versions per policy with
+        `policy_versions` when given. Applies from the next request."""
         settings = self.registry.collector.settings
         if request.method == "PUT":
-            mapping = _opt_dict(await _json_object(request), "policies") or {}
+            body = await _json_object(request)
+            if "policies" not in body:
+                raise _BadInput('the body must name "policies" (an object, {} or null for none)')
+            mapping = _opt_dict(body, "policies") or {}
+            versions = _opt_dict(body, "policy_versions")
             try:
+                parsed = parse_policy_versions(versions)  # checked before anything changes
                 settings.policies = mapping
             except ValueError as exc:
                 raise _BadInput(str(exc)) from None
+            if versions is not None:
+                settings.policy_versions = parsed
         current = settings.policies
         if callable(current):
             return json_response({"policies": None, "hook": True})
@@ -236,6 +246,14 @@ def _opt_dict(body: dict[str, Any], key: str) -> dict[str, Any] | None:
     if value is not None and not isinstance(value, dict):
         raise _BadInput(f"{key} must be a JSON object")
     return value
+
+
+def _label(value: Any) -> str | None:
+    """A version label: a string, an int (stored as its string) or null."""
+    try:
+        return parse_version_label(value)
+    except ValueError as exc:
+        raise _BadInput(str(exc)) from None
 
 
 def _reward(body: dict[str, Any]) -> float | None:

@@ -7,11 +7,11 @@ imported by every stage and importing none of them (only the records `tito_agent
 from __future__ import annotations
 
 import enum
-import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeAlias
 
+from tito_agents._values import as_text
 from tito_agents.sampling import ServerSampling
 from tito_agents.stats import DeliveryStats
 
@@ -129,11 +129,7 @@ VersionLabel: TypeAlias = str | int | None
 def parse_version_label(value: VersionLabel) -> str | None:
     """A version label as stored: an int (a step counter, numpy's too) becomes its decimal string,
     so every sink's schema (a string column) and `convert.policy_version_of` read it."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return str(int(value))
-    raise ValueError(f"a policy version is a string, an int or None, not {value!r}")
+    return as_text(value, "a policy version")
 
 
 def parse_policy_versions(value: Mapping[str, VersionLabel] | None) -> dict[str, str | None]:

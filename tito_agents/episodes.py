@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
+from tito_agents._values import as_text
 from tito_agents.calls import Call, CallStatus, count_calls
 from tito_agents.config import CaptureSettings
 from tito_agents.errors import CaptureError, EpisodeNotEndedError
@@ -119,8 +120,9 @@ def current_labels() -> Mapping[str, Any]:
 
 @contextlib.contextmanager
 def agent(name: str | None) -> Iterator[None]:
-    """Label every call made inside the block with agent `name` (nests; the innermost wins)."""
-    token = _CURRENT_AGENT.set(name)
+    """Label every call made inside the block with agent `name` (nests; the innermost wins). An
+    int name is written as its string (`as_text`)."""
+    token = _CURRENT_AGENT.set(as_text(name, "agent"))
     try:
         yield
     finally:
@@ -230,10 +232,10 @@ class Episode:
         self.sessions = sessions
         """Token-in sessions for this episode: True/False, or None to follow the wrapped client.
         The sessions themselves are capture state (`tito_agents._capture.session_store`)."""
-        self.episode_id = episode_id or uuid.uuid4().hex
-        self.task_id = task_id
-        self.group_id = group_id
-        self.agent = agent
+        self.episode_id = as_text(episode_id, "episode_id") or uuid.uuid4().hex
+        self.task_id = as_text(task_id, "task_id")
+        self.group_id = as_text(group_id, "group_id")
+        self.agent = as_text(agent, "agent")
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.reward: float | None = None
         self.started_at = time.time()

@@ -108,6 +108,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "_paths",
             "_speedups",
             "_worker",
+            "_values",
         ),
     ),
 )

@@ -179,6 +179,29 @@ def test_refused_batches_are_kept_and_counted(flaky: FlakySink, tmp_path: Path) 
     assert len(list((tmp_path / "rejected").rglob("*.spill"))) == 1
 
 
+def test_a_rejected_log_that_fails_never_stops_delivery(
+    flaky: FlakySink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recording a refused batch on disk can fail in any way (it once raised TypeError for numpy
+    metadata and ended the delivery thread, so nothing after it was delivered): the batch stays
+    in rejected_samples, and the samples behind it are delivered."""
+    from tito_agents.sinks import spill
+
+    def broken(self: object, batch: object) -> None:
+        raise RuntimeError("the rejected log cannot be written")
+
+    monkeypatch.setattr(spill.SpillLog, "append", broken)
+    flaky.refuse = {"ep0/1"}
+    sink = BufferedSink(flaky, spill_dir=tmp_path, batch_size=2, linger=0.05, retry=FAST)
+    sink.write(make(2))
+    sink.flush(timeout=10)
+    sink.write(make(2, start=2))
+    sink.flush(timeout=10)
+    sink.close()
+    assert flaky.received == ["ep0/2", "ep0/3"]
+    assert sink.stats.rejected == 2 and ids(sink.rejected_samples) == ["ep0/0", "ep0/1"]
+
+
 def test_flush_with_timeout_keeps_samples_queued(flaky: FlakySink) -> None:
     """A flush that runs out of time raises a retryable error; the samples are still delivered."""
     flaky.down = True

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tito_agents._values import json_bytes
 from tito_agents.config import parse_policy_versions, parse_version_label
 from tito_agents.gateway._forward import api_error
 from tito_agents.gateway._registry import Registry, RegistryError, call_summaries
@@ -28,7 +29,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 def json_response(payload: Any, status: int = 200) -> Response:
     return Response(
-        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
+        json_bytes(payload),
         status_code=status,
         media_type="application/json",
     )

@@ -250,7 +250,7 @@ class Delivery:
                 if self._rejected_log is None:
                     self._rejected_log = SpillLog(self.spill_dir / "rejected")
                 self._rejected_log.append(batch)
-            except SinkError as spill_exc:
+            except Exception as spill_exc:  # never the delivery thread's end: kept in memory
                 logger.error("%s: cannot record rejected samples: %s", self.name, spill_exc)
         with self._cond:
             self.stats.rejected += len(batch)

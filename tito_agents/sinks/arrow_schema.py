@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from tito_agents._values import json_bytes
 from tito_agents.samples import SCHEMA_VERSION, CallSpan, Sample, view_of
 from tito_agents.sinks._optional import missing
 
@@ -174,7 +175,7 @@ def samples_to_batch(samples: Sequence[Sample]) -> Any:
         pa.array([s.start_reason for s in samples], pa.string()),
         pa.array([s.end_reason for s in samples], pa.string()),
         pa.array(
-            [orjson.dumps(s.metadata).decode() if s.metadata else None for s in samples],
+            [json_bytes(s.metadata).decode() if s.metadata else None for s in samples],
             pa.string(),
         ),
         _list_column([s.policy_logprobs for s in samples], np.float32, pa.float32()),

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from tito_agents._values import json_bytes
 from tito_agents.errors import SampleFormatError
 from tito_agents.samples import SCHEMA_VERSION, Sample
 
@@ -29,7 +30,7 @@ _LOGPROBS = np.dtype("<f4")
 
 
 def _header(sample: Sample) -> bytes:
-    return orjson.dumps(
+    return json_bytes(
         {
             "schema": SCHEMA_VERSION,
             "sample_id": sample.sample_id,

@@ -31,20 +31,20 @@ from typing import BinaryIO
 
 import orjson
 
+from tito_agents._values import json_bytes
 from tito_agents.errors import SampleFormatError, SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks.base import Sink
 
 logger = logging.getLogger("tito_agents.sinks")
 
-_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 _TAIL_CHUNK = 1 << 16
 _NOT_RETRYABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG, errno.EISDIR)
 
 
 def encode_sample(sample: Sample) -> bytes:
     """One sample as one JSON line (with its newline)."""
-    return orjson.dumps(sample.to_dict(), option=_OPTIONS)
+    return json_bytes(sample.to_dict(), orjson.OPT_APPEND_NEWLINE)
 
 
 class JsonlSink(Sink):

@@ -147,6 +147,14 @@ def test_unknown_closed_and_lost_episodes_are_refused(served: ServedGateway) -> 
         400,
         404,
     )
+    # ids as the library takes them: an int is its decimal string, a float or a list is refused
+    opened = control.http.post("/control/episodes", json={"episode_id": 7, "group_id": 3})
+    assert opened.status_code == 201 and opened.json()["episode_id"] == "7"
+    for bad in ({"episode_id": 1.5}, {"group_id": [1]}, {"agent": True}):
+        assert control.http.post("/control/episodes", json=bad).status_code == 400, bad
+    assert control.http.patch("/control/episodes/7", json={"agent": 2}).status_code == 200
+    assert control.http.patch("/control/episodes/7", json={"agent": 2.5}).status_code == 400
+    control.close("7")
 
 
 def test_outside_episode_calls_follow_the_collector_policy(served: ServedGateway) -> None:

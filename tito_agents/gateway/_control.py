@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tito_agents._values import json_bytes
-from tito_agents.config import parse_policy_versions, parse_version_label
+from tito_agents._values import as_text, json_bytes
+from tito_agents.config import parse_policy_versions
 from tito_agents.gateway._forward import api_error
 from tito_agents.gateway._registry import Registry, RegistryError, call_summaries
 
@@ -85,10 +85,10 @@ class ControlAPI:
     async def open_episode(self, request: Request) -> Response:
         body = await _json_object(request)
         held = self.registry.open_episode(
-            _opt_str(body, "episode_id"),
-            task_id=_opt_str(body, "task_id"),
-            group_id=_opt_str(body, "group_id"),
-            agent=_opt_str(body, "agent"),
+            _text(body, "episode_id"),
+            task_id=_text(body, "task_id"),
+            group_id=_text(body, "group_id"),
+            agent=_text(body, "agent"),
             labels=_opt_dict(body, "labels"),
             metadata=_opt_dict(body, "metadata"),
             sessions=_opt_bool(body, "sessions"),
@@ -134,7 +134,7 @@ class ControlAPI:
         held = self.registry.get_open(request.path_params["episode_id"])
         body = await _json_object(request)
         if "agent" in body:
-            held.episode.agent = _opt_str(body, "agent")
+            held.episode.agent = _text(body, "agent")
         held.labels.update(_opt_dict(body, "labels") or {})
         held.episode.metadata.update(_opt_dict(body, "metadata") or {})
         return json_response(self.registry.report(held.episode.episode_id))
@@ -175,7 +175,7 @@ class ControlAPI:
         calls (`CaptureSettings.policy_versions`)."""
         body = await _json_object(request)
         settings = self.registry.collector.settings
-        version = _label(body.get("policy_version"))
+        version = _text(body, "policy_version")
         policy = _opt_str(body, "policy")
         if policy is None:
             settings.policy_version = version
@@ -249,10 +249,10 @@ def _opt_dict(body: dict[str, Any], key: str) -> dict[str, Any] | None:
     return value
 
 
-def _label(value: Any) -> str | None:
-    """A version label: a string, an int (stored as its string) or null."""
+def _text(body: dict[str, Any], key: str) -> str | None:
+    """An id or label: a string, an int (stored as its decimal string, as in the library) or null."""
     try:
-        return parse_version_label(value)
+        return as_text(body.get(key), key)
     except ValueError as exc:
         raise _BadInput(str(exc)) from None
 

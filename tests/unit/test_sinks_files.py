@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import tito_agents as tito
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks import columnar
@@ -60,6 +61,22 @@ def test_roundtrip_keeps_every_field(tmp_path: Path, name: str) -> None:
         )
         assert [sp.to_dict() for sp in a.spans] == [sp.to_dict() for sp in b.spans]
         assert a.metadata == b.metadata and a.call_ids == b.call_ids
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_home_relative_path_is_the_users_home_not_a_folder_named_tilde(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`"~/runs/samples.jsonl"` once made a folder literally named "~" in the working directory."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    with tito.Collector(f"~/runs/{name}") as collector:
+        collector.sink.write(make(3))
+    assert list(work.iterdir()) == []
+    assert ids(read_file_samples(f"~/runs/{name}")) == ids(make(3))
+    assert ids(read_file_samples(home / "runs" / name)) == ids(make(3))
 
 
 @pytest.mark.parametrize("name", FORMATS)

@@ -103,3 +103,31 @@ def test_as_text_and_json_bytes() -> None:
         "b": [[1, 2]],
         "3": None,
     }
+
+
+def test_an_episode_metadata_entry_named_like_the_labels_is_kept(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Call labels go to `metadata["labels"]` (per call) or `["call_labels"]` (merged); an episode
+    metadata entry of that name was overwritten silently. A dict is merged (labels win per key),
+    anything else is kept and the labels are left out, with a warning."""
+    from tests.factories import make_call
+    from tito_agents.assembly import AssemblyOptions, EpisodeContext, assemble
+    from tito_agents.assembly import options as options_module
+
+    monkeypatch.setattr(options_module, "_WARNED", set())  # logged once per process
+    call = make_call("c1", [1, 2], [3], labels={"step": 1})
+    merged = AssemblyOptions.of("merged")
+    for meta, per_call, chained in [
+        ({"labels": {"run": "a", "step": 0}}, {"run": "a", "step": 1}, {"c1": {"step": 1}}),
+        ({"labels": "mine", "call_labels": "also mine"}, "mine", "also mine"),
+        ({"split": "train"}, {"step": 1}, {"c1": {"step": 1}}),
+    ]:
+        context = EpisodeContext("ep", metadata=meta)
+        (one,), _ = assemble([call], context)
+        assert one.metadata["labels"] == per_call
+        (joined,), _ = assemble([call], context, merged)
+        assert joined.metadata["call_labels"] == chained
+        assert all(one.metadata[k] == v for k, v in meta.items() if k != "labels")
+    assert {"labels", "call_labels"} <= options_module._WARNED
+    assert sum("not a dict" in r.getMessage() for r in caplog.records) == 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tito_agents.assembly.divergence import END, EPISODE_START, Decode, Divergence, DivergenceKind
-from tito_agents.assembly.merged import assemble_merged, merged_reward
+from tito_agents.assembly.merged import assemble_merged
 from tito_agents.assembly.options import (
     DEFAULT_OPTIONS,
     AssemblyMode,
@@ -24,6 +24,7 @@ from tito_agents.assembly.options import (
 )
 from tito_agents.assembly.per_call import assemble_per_call, call_reward, sample_of_call
 from tito_agents.assembly.report import AssemblyReport, assembly_report
+from tito_agents.assembly.rewards import merged_reward
 from tito_agents.calls import Call
 from tito_agents.samples import Sample
 

@@ -71,7 +71,7 @@ call, not per token; each divergence looks at a bounded window after its rewrite
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,6 +89,7 @@ from tito_agents.assembly.divergence import (
 from tito_agents.assembly.lineage import call_role, link_segments, segment_rewrite
 from tito_agents.assembly.logprob_kinds import policy_logprobs, span_flags
 from tito_agents.assembly.options import DEFAULT_OPTIONS, AssemblyOptions, EpisodeContext
+from tito_agents.assembly.rewards import check_discount, merged_reward
 from tito_agents.calls import Call, CallStatus, IdArray
 from tito_agents.samples import (
     SUMMARIZER_ROLE,
@@ -194,7 +195,7 @@ def assemble_merged(
     `eos_ids` only sharpen the divergence kinds and excerpts; the samples' ids never depend on
     them. See the module docstring for the rules.
     """
-    discount = _check_discount(options.turn_discount)
+    discount = check_discount(options.turn_discount)
     episode_reward = finite_or_none(episode.episode_reward)
     groups: dict[str | None, list[Call]] = {}
     seen: set[str] = set()
@@ -408,10 +409,9 @@ def _chain_sample(
             )
         )
     call_ids = [c.call_id for c in chain.calls]
-    meta = dict(episode.metadata or {})
-    labels = {c.call_id: c.labels for c in chain.calls if c.labels}
-    if labels:
-        meta["call_labels"] = labels
+    meta = episode.sample_metadata(
+        "call_labels", {c.call_id: c.labels for c in chain.calls if c.labels}
+    )
     return Sample(
         sample_id=sample_id_for(episode_id, call_ids, salt=MERGED_SALT),
         episode_id=episode_id,
@@ -434,30 +434,3 @@ def _chain_sample(
         view="merged",
         policy=next((c.policy for c in chain.calls if c.policy is not None), None),
     )
-
-
-def merged_reward(
-    call_rewards: Sequence[float | None], episode_reward: float | None, turn_discount: float = 1.0
-) -> float | None:
-    """`episode_reward + sum_k turn_discount**k * call_rewards[k]` (unset terms count 0).
-
-    None when the episode reward and every call reward are unset.
-    """
-    discount = _check_discount(turn_discount)
-    if episode_reward is None and all(r is None for r in call_rewards):
-        return None
-    total = 0.0 if episode_reward is None else float(episode_reward)
-    weight = 1.0
-    for reward in call_rewards:
-        if reward is not None:
-            total += weight * float(reward)
-        weight *= discount
-    return total
-
-
-def _check_discount(turn_discount: float) -> float:
-    """The discount as a float in [0, 1]; anything else is refused before any sample is made."""
-    value = float(turn_discount)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"turn_discount must be in [0, 1], got {turn_discount!r}")
-    return value

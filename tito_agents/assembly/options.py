@@ -9,6 +9,7 @@ options once and reuses them for every episode.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,33 @@ class EpisodeContext:
     group_id: str | None = None
     metadata: Mapping[str, Any] | None = None
     """Copied into each sample's `metadata` (never shared between samples)."""
+
+    def sample_metadata(self, key: str, labels: Mapping[str, Any]) -> dict[str, Any]:
+        """A sample's metadata: a copy of the episode's, with the call labels under `key`
+        ("labels" per call, "call_labels" merged) when there are any. An episode metadata entry
+        of that name is the user's own and is not overwritten: a dict is merged with the labels
+        (the labels win per key); any other value is kept and the labels are left out (logged
+        once per key)."""
+        meta = dict(self.metadata or {})
+        if not labels:
+            return meta
+        own = meta.get(key)
+        if own is None:
+            meta[key] = labels
+        elif isinstance(own, Mapping):
+            meta[key] = {**own, **labels}
+        elif key not in _WARNED:
+            _WARNED.add(key)
+            logger.warning(
+                "episode metadata %r is not a dict: kept, and the call labels that go there are "
+                "left out of the samples (rename the metadata entry to keep both)",
+                key,
+            )
+        return meta
+
+
+_WARNED: set[str] = set()
+logger = logging.getLogger("tito_agents")
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,9 +50,7 @@ def sample_of_call(call: Call, episode: EpisodeContext) -> Sample:
         role=call_role(call),
         **span_flags(call),
     )
-    meta = dict(episode.metadata or {})
-    if call.labels:
-        meta["labels"] = call.labels
+    meta = episode.sample_metadata("labels", call.labels)
     return Sample(
         sample_id=sample_id_for(episode.episode_id, [call.call_id]),
         episode_id=episode.episode_id,

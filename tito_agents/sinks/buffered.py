@@ -125,7 +125,7 @@ class BufferedSink(Delivery, Sink):
         self.stats = DeliveryStats()
         self.rejected_samples: list[Sample] = []
         """Samples the destination refused for good (also in ``<spill_dir>/rejected/``)."""
-        self.spill_dir = Path(spill_dir) if spill_dir is not None else None
+        self.spill_dir = Path(spill_dir).expanduser() if spill_dir is not None else None
         # Opened now so a spill log left by a crashed process is replayed at once.
         self._spill = SpillLog(self.spill_dir) if self.spill_dir is not None else None
         self._rejected_log: SpillLog | None = None

@@ -380,7 +380,7 @@ class RotatingFileSink(Sink):
 def _resolve(
     path: str | os.PathLike[str], format: FileFormat | None
 ) -> tuple[Path, str, str, FileFormat]:
-    base = Path(path)
+    base = Path(path).expanduser()  # "~/samples.jsonl" as a shell would read it
     is_folder = str(path).endswith(os.sep) or base.is_dir()
     if is_folder:
         fmt = format or "parquet"

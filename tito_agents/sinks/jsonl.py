@@ -55,7 +55,7 @@ class JsonlSink(Sink):
     """
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         self._fsync = fsync
         self._lock = threading.Lock()
         self._fd: int | None = None
@@ -204,7 +204,7 @@ def read_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
     A torn last line (a crash mid-write) is skipped with a log warning; an invalid line anywhere
     else raises `SampleFormatError` naming the file and line.
     """
-    path = Path(path)
+    path = Path(path).expanduser()
     with open(path, "rb") as handle:
         lineno = 0
         for line in handle:

@@ -173,7 +173,7 @@ def _order_key(path: Path) -> tuple[str, str, int]:
 def list_parts(path: str | os.PathLike[str], *, include_in_progress: bool = False) -> list[Path]:
     """The part files a file sink wrote for `path` (a sink path, a folder or one file), in
     write order; with `include_in_progress`, unfinished parts too (their complete batches)."""
-    base = Path(path)
+    base = Path(path).expanduser()
     if base.is_file():
         return [base]
     if base.is_dir():

@@ -52,7 +52,7 @@ class AsyncQueueSink(Sink):
             raise ConfigurationError("maxsize must be >= 1")
         self.maxsize = maxsize
         self.max_bytes = max_bytes
-        self.spill_dir = Path(spill_dir) if spill_dir is not None else None
+        self.spill_dir = Path(spill_dir).expanduser() if spill_dir is not None else None
         self._spill = SpillLog(self.spill_dir) if self.spill_dir is not None else None
         self._spilling = bool(self._spill and self._spill.pending)
         self._items: deque[Sample] = deque()

@@ -271,7 +271,11 @@ class Episode:
             return
         key = target if isinstance(target, str) else getattr(target, "id", None)
         if not isinstance(key, str):
-            raise TypeError("target must be a Call, a call id, a response id or a response object")
+            raise TypeError(
+                "target must be a Call, a call id, a response id or a response object with an "
+                "`id` (for a stream, one of its chunks or `chunk.id`; for `with_raw_response`, "
+                f"`raw.parse()`), got {type(target).__name__}"
+            )
         matched = [c for c in self.calls if c.call_id == key or c.request_id == key]
         if not matched:
             raise KeyError(f"no captured call {key!r} in episode {self.episode_id!r}")

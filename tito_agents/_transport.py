@@ -10,6 +10,7 @@ async transports only run it, each performing the I/O steps its way.
 from __future__ import annotations
 
 import functools
+import logging
 import types
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -29,6 +30,8 @@ from tito_agents._flow import (
     request_flow,
     tokens_of,
 )
+
+logger = logging.getLogger("tito_agents")
 
 
 class _Driver:
@@ -272,7 +275,9 @@ def http_module_of(http_client: Any) -> types.ModuleType:
 def install(http_client: Any, core: CaptureCore) -> None:
     """Wrap the transports of an existing httpx/httpx2 client in place (its proxies included).
 
-    Re-installing replaces the core instead of stacking a second capture layer.
+    Re-installing replaces the core instead of stacking a second capture layer. A client captured
+    by one collector at a time: when another collector's core is replaced, that is said (its
+    episodes would otherwise just find no calls).
     """
     module = http_module_of(http_client)
     sync_cls, async_cls = transport_classes(module)
@@ -283,6 +288,12 @@ def install(http_client: Any, core: CaptureCore) -> None:
         if transport is None:
             return None
         if isinstance(transport, cls):
+            if transport.core.settings is not core.settings:
+                logger.warning(
+                    "this HTTP client was wrapped by another collector: its calls are captured by "
+                    "the collector that wrapped it last only (give each collector a client of its "
+                    "own; `client.copy()` shares the HTTP client, so create a new one)"
+                )
             transport.core = core
             return transport
         return cls(transport, core)

@@ -33,13 +33,17 @@ def test_official_openai_host_is_refused() -> None:
         tito.Collector().wrap(client)
 
 
-def test_wrap_twice_does_not_stack() -> None:
-    """Wrapping a client again swaps the collector instead of capturing each call twice."""
+def test_wrap_twice_does_not_stack(caplog: pytest.LogCaptureFixture) -> None:
+    """Wrapping a client again swaps the collector instead of capturing each call twice; when the
+    client was another collector's, that is said (its episodes would just find no calls)."""
     cap = load_capture("chat_ns")
     client, _ = replay_clients(Replay([cap]))
     first, second = tito.Collector(capture_logprobs=False), tito.Collector(capture_logprobs=False)
     first.wrap(client)
+    first.wrap(client)  # the same collector again: nothing to say
+    assert not [r for r in caplog.records if "another collector" in r.getMessage()]
     second.wrap(client)
+    assert [r for r in caplog.records if "another collector" in r.getMessage()]
     with second.episode() as ep:
         run_sync(client, cap)
     assert len(ep.calls) == 1

@@ -39,6 +39,49 @@ def check_overflow(overflow: str) -> Overflow:
     return overflow  # type: ignore[return-value]
 
 
+_MAX_ID = 2**31 - 1
+
+
+def check_pad_id(pad_id: Any) -> int:
+    """`pad_id` as an int32 token id. A tokenizer without a pad token gives None
+    (`tokenizer.pad_token_id`), which would otherwise fail deep inside numpy; a float or a
+    negative id would silently become a wrong or out-of-vocabulary id."""
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int | np.integer):
+        raise ValueError(
+            f"pad_id must be an int token id, got {pad_id!r} (tokenizer.pad_token_id is None? "
+            "pass tokenizer.eos_token_id; pads are masked out of attention and loss)"
+        )
+    if not 0 <= int(pad_id) <= _MAX_ID:
+        raise ValueError(f"pad_id must be in [0, 2**31), got {pad_id}")
+    return int(pad_id)
+
+
+def check_width(name: str, width: int | None, minimum: int) -> None:
+    """A fixed width given by the caller must be an int >= `minimum`: a smaller one would make
+    numpy fail on a negative dimension, or leave rows with nothing in them."""
+    if width is None:
+        return
+    if isinstance(width, bool) or not isinstance(width, int | np.integer) or width < minimum:
+        raise ValueError(
+            f"{name} must be an int >= {minimum} (or None for the longest), got {width!r}"
+        )
+
+
+def check_advantages(advantages: Any, count: int) -> npt.NDArray[np.float32]:
+    """Caller-given advantages as float32, one finite value per sample (`ValueError` otherwise: a
+    NaN or inf advantage would poison every gradient it touches)."""
+    try:
+        adv = np.asarray(advantages, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"advantages must be numbers, one per sample: {exc}") from None
+    if adv.shape != (count,):
+        raise ValueError(f"advantages: expected one per sample ({count}), got shape {adv.shape}")
+    if not np.isfinite(adv).all():
+        bad = int(np.flatnonzero(~np.isfinite(adv))[0])
+        raise ValueError(f"advantages[{bad}] is {adv[bad]}: every advantage must be finite")
+    return adv
+
+
 def round_up(width: int, multiple: int | None) -> int:
     """`width` rounded up to a multiple of `multiple` (unchanged when None)."""
     if multiple is None:
@@ -102,6 +145,8 @@ def shift_left(
     to no sequence (the next sample in a packed row, or a pad).
     """
     out = np.empty_like(values)
+    if values.shape[-1] == 0:  # a batch of empty samples: nothing to shift
+        return out
     out[..., :-1] = values[..., 1:]
     out[..., -1] = fill
     out[last] = fill

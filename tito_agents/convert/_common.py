@@ -9,6 +9,7 @@ were sampled. For a merged sample whose first call sampled late, all earlier con
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,13 +55,16 @@ def group_key(sample: Sample) -> str:
     """The GRPO group of a sample: `group_id`, else `task_id`, else its own `episode_id` (a group of
     one). Samples of the same task sampled N times must share it (`collector.episode(group_id=...)`).
     With one policy per agent (`Collector(policies=...)`) a group is per (policy, group): the key
-    is `"<policy>:<group>"`, so each policy's rollouts are compared only with its own."""
+    is `"<policy>:<group>"`, so each policy's rollouts are compared only with its own.
+
+    Always a `str`: samples built by hand or read from older files may hold an int or numpy int
+    id, which would otherwise break sorting against string ids and `stable_int_id`."""
     if sample.group_id is not None:
-        key = sample.group_id
+        key = str(sample.group_id)
     elif sample.task_id is not None:
-        key = sample.task_id
+        key = str(sample.task_id)
     else:
-        key = sample.episode_id
+        key = str(sample.episode_id)
     policy = policy_of(sample)
     return key if policy is None else f"{policy}:{key}"
 
@@ -86,13 +90,47 @@ def policy_version_of(sample: Sample) -> int | None:
     return min(versions) if versions else None
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def reward_of(sample: Sample) -> float | None:
+    """`sample.reward` as a float (None when unset), refusing what no trainer can use: NaN, inf
+    and values beyond float32 (verl's `rm_scores` and TRL's reward tensors are float32, where they
+    turn into inf and then NaN advantages). Capture refuses them too (`finite_or_none`); a sample
+    built by hand or read from another tool's file may still hold one."""
+    if sample.reward is None:
+        return None
+    value = float(sample.reward)
+    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        raise ConversionError(
+            f"sample {sample.sample_id}: reward {value!r} is not a finite float32 number "
+            "(fix the reward, or set None for an unscored rollout)"
+        )
+    return value
+
+
 def rewards_array(samples: Sequence[Sample]) -> npt.NDArray[np.float64]:
-    """Rewards as float64, NaN where a sample has none."""
+    """Rewards as float64, NaN where a sample has none (`reward_of` refuses a NaN reward)."""
     return np.fromiter(
-        (np.nan if s.reward is None else float(s.reward) for s in samples),
+        (np.nan if (r := reward_of(s)) is None else r for s in samples),
         dtype=np.float64,
         count=len(samples),
     )
+
+
+def require_one_view(samples: Sequence[Sample]) -> None:
+    """Refuse a batch holding both the per-call and the merged samples of one episode
+    (`assembly="both"`): they carry the same sampled tokens, so the rollout would be trained, and
+    counted in its GRPO group, twice. `ConversionError` names the episode."""
+    views: dict[str, str] = {}
+    for sample in samples:
+        seen = views.setdefault(sample.episode_id, sample.view)
+        if seen != sample.view:
+            raise ConversionError(
+                f"episode {sample.episode_id}: both per_call and merged samples in one batch "
+                "(assembly='both'); train on one view: keep the samples whose Sample.view is the "
+                "one you want"
+            )
 
 
 def require_samples(samples: Sequence[Sample]) -> None:

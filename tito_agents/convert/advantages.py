@@ -22,7 +22,12 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from tito_agents.convert._common import ConversionError, group_key, rewards_array
+from tito_agents.convert._common import (
+    ConversionError,
+    group_key,
+    require_one_view,
+    rewards_array,
+)
 from tito_agents.samples import Sample, trajectory_id_for
 
 MissingReward = Literal["error", "exclude"]
@@ -42,14 +47,19 @@ def group_advantages(
     `missing_reward="error"` raises `ConversionError` for a sample without reward; `"exclude"`
     leaves it out of its group's mean and std and gives it advantage 0 (TRL's rule for unscorable
     completions). With `unit="episode"` the samples of one episode must share one reward, with
-    `unit="trajectory"` the segments of one trajectory.
+    `unit="trajectory"` the segments of one trajectory. A group whose rewards are all equal gets
+    advantage 0 even with `epsilon=0` (no signal, not 0/0). Both views of one episode
+    (`assembly="both"`) in `samples` raise `ConversionError`: the rollout would count twice.
     """
     if unit not in ("sample", "episode", "trajectory"):
         raise ValueError(f"unit must be 'sample', 'episode' or 'trajectory', got {unit!r}")
     if missing_reward not in ("error", "exclude"):
         raise ValueError(f"missing_reward must be 'error' or 'exclude', got {missing_reward!r}")
+    if not epsilon >= 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon!r}")
     if not samples:
         return np.zeros(0, dtype=np.float32)
+    require_one_view(samples)
     rewards = rewards_array(samples)
     missing = np.isnan(rewards)
     if missing.any() and missing_reward == "error":
@@ -126,6 +136,12 @@ def _grpo(
     mean[singleton] = 0.0
     std[singleton] = 1.0
     centered = values - mean[group_of]
-    adv = centered / (std[group_of] + epsilon) if normalize_std else centered
+    if normalize_std:  # a zero denominator (epsilon 0, equal rewards) has centered 0: advantage 0
+        denom = std[group_of] + epsilon
+        adv: npt.NDArray[np.float64] = np.divide(
+            centered, denom, out=np.zeros_like(centered), where=denom > 0
+        )
+    else:
+        adv = centered
     adv[~scored] = 0.0
     return adv.astype(np.float32)

@@ -27,7 +27,9 @@ from tito_agents.convert._arrays import (
     Side,
     blank,
     check_overflow,
+    check_pad_id,
     check_side,
+    check_width,
     fill_rows,
     positions,
     round_up,
@@ -188,6 +190,8 @@ def pad_batch(
     require_samples(samples)
     side = check_side(padding_side)
     mode = check_overflow(overflow)
+    pad_id = check_pad_id(pad_id)
+    check_width("width", width, 1)
     full = np.fromiter((s.num_tokens for s in samples), dtype=np.int64, count=len(samples))
     width = round_up(int(full.max()) if width is None else width, pad_to_multiple_of)
     truncated = full > width
@@ -356,6 +360,9 @@ def pad_split_batch(
     """
     require_samples(samples)
     mode = check_overflow(overflow)
+    pad_id = check_pad_id(pad_id)
+    check_width("prompt_width", prompt_width, 0)
+    check_width("response_width", response_width, 1)
     n = len(samples)
     split = np.fromiter((prompt_length(s) for s in samples), dtype=np.int64, count=n)
     total = np.fromiter((s.num_tokens for s in samples), dtype=np.int64, count=n)

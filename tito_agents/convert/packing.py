@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tito_agents.convert import _sampling_arrays
-from tito_agents.convert._arrays import to_torch, torch_module
+from tito_agents.convert._arrays import check_advantages, to_torch, torch_module
 from tito_agents.convert._common import ConversionError, require_samples
 from tito_agents.convert.batch import ShiftedTargets, shifted_targets
 from tito_agents.samples import Sample
@@ -112,9 +112,7 @@ def pack_batch(
     sequence_ids = np.repeat(np.arange(n, dtype=np.int32), lengths)
     per_token_adv = None
     if advantages is not None:
-        adv = np.asarray(advantages, dtype=np.float32)
-        if adv.shape != (n,):
-            raise ValueError(f"advantages: expected one per sample ({n}), got shape {adv.shape}")
+        adv = check_advantages(advantages, n)
         per_token_adv = np.repeat(adv, lengths)
     return PackedBatch(
         input_ids=input_ids,
@@ -143,9 +141,7 @@ def pack_batches(
     require_samples(samples)
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    adv = None if advantages is None else np.asarray(advantages, dtype=np.float32)
-    if adv is not None and adv.shape != (len(samples),):
-        raise ValueError(f"advantages: expected one per sample ({len(samples)}), got {adv.shape}")
+    adv = None if advantages is None else check_advantages(advantages, len(samples))
     batches: list[PackedBatch] = []
     begin, used = 0, 0
     for i, sample in enumerate(samples):

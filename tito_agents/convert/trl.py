@@ -22,12 +22,15 @@ from typing import Any, TypedDict
 import numpy as np
 import numpy.typing as npt
 
+from tito_agents.convert._arrays import check_advantages
 from tito_agents.convert._common import (
     ConversionError,
     group_key,
     policy_version_of,
     prompt_length,
+    require_one_view,
     require_samples,
+    reward_of,
     stable_int_id,
 )
 from tito_agents.convert.advantages import MissingReward, Unit, group_advantages
@@ -70,9 +73,12 @@ def to_trl_rollout(
     GRPO group and that no episode appears twice (TRL groups rows by position, one per rollout).
     """
     require_samples(samples)
+    require_one_view(samples)
     if num_generations is not None:
         check_generation_blocks(samples, num_generations)
     out: dict[str, list[Any]] = {key: [] for key in (*REQUIRED_KEYS, "env_mask")}
+    if reward_key in out:
+        raise ValueError(f"reward_key {reward_key!r} would overwrite a rollout field")
     for sample in samples:
         split = prompt_length(sample)
         out["prompt_ids"].append(sample.token_ids[:split].tolist())
@@ -80,7 +86,7 @@ def to_trl_rollout(
         out["logprobs"].append(trl_logprobs(sample)[split:])
         out["env_mask"].append(sample.loss_mask[split:].tolist())
     if reward_key is not None:
-        out[reward_key] = [s.reward for s in samples]
+        out[reward_key] = [reward_of(s) for s in samples]
     for key, values in (extra_fields or {}).items():
         if key in out:
             raise ValueError(f"extra field {key!r} would overwrite a rollout field")
@@ -158,14 +164,11 @@ def to_trl_rollout_samples(
     `prompt` / `completion` messages are left empty: samples keep token ids, not messages.
     """
     require_samples(samples)
+    require_one_view(samples)
     if advantages is None:
         adv = group_advantages(samples, unit=unit, missing_reward=missing_reward)
     else:
-        adv = np.asarray(advantages, dtype=np.float32)
-        if adv.shape != (len(samples),):
-            raise ValueError(
-                f"advantages: expected one per sample ({len(samples)}), got {adv.shape}"
-            )
+        adv = check_advantages(advantages, len(samples))
     records: list[TrlRolloutSampleFields] = []
     for sample, advantage in zip(samples, adv.tolist(), strict=True):
         old = sample.ratio_logprobs()
@@ -180,7 +183,7 @@ def to_trl_rollout_samples(
                 f"sample {sample.sample_id}: no integer policy_version; pass model_version= "
                 "(TRL drops samples by staleness against it)"
             )
-        reward = float("nan") if sample.reward is None else float(sample.reward)
+        reward = float("nan") if (given := reward_of(sample)) is None else given
         records.append(
             {
                 "prompt": [],

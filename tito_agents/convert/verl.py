@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tito_agents.convert._arrays import Overflow, to_torch
-from tito_agents.convert._common import group_key, require_samples
+from tito_agents.convert._common import group_key, require_one_view, require_samples, reward_of
 from tito_agents.convert._common import prompt_length as split_point
 from tito_agents.convert.advantages import trajectory_of
 from tito_agents.convert.batch import SplitBatch, pad_split_batch
@@ -150,6 +150,7 @@ def to_verl_batch(
     with `overflow="truncate"` lose their oldest prompt tokens or their response tail, like verl.
     """
     require_samples(samples)
+    require_one_view(samples)
     split = pad_split_batch(
         samples,
         pad_id=pad_id,
@@ -158,10 +159,11 @@ def to_verl_batch(
         overflow=overflow,
     )
     rm_scores = None
-    if all(s.reward is not None for s in samples):
+    rewards = [reward_of(s) for s in samples]
+    if all(r is not None for r in rewards):
         rm_scores = np.zeros((len(samples), split.response_width), dtype=np.float32)
         last = split.response_lengths - 1
-        rm_scores[np.arange(len(samples)), last] = [float(s.reward or 0.0) for s in samples]
+        rm_scores[np.arange(len(samples)), last] = [r or 0.0 for r in rewards]
     return VerlBatch(
         split=split,
         rm_scores=rm_scores,
@@ -180,6 +182,7 @@ def to_agent_loop_outputs(samples: Sequence[Sample]) -> list[dict[str, Any]]:
     as `AgentLoopOutput(**record)`: unpadded `prompt_ids`, `response_ids`, `response_mask`,
     `response_logprobs` (None when not captured) as Python lists, `reward_score`, `num_turns`,
     default `metrics`, and `extra_fields` with the sample's ids and GRPO group."""
+    require_one_view(samples)
     records: list[dict[str, Any]] = []
     for sample in samples:
         split = split_point(sample)
@@ -191,7 +194,7 @@ def to_agent_loop_outputs(samples: Sequence[Sample]) -> list[dict[str, Any]]:
                 "response_ids": sample.token_ids[split:].tolist(),
                 "response_mask": sample.loss_mask[split:].tolist(),
                 "response_logprobs": logprobs,
-                "reward_score": sample.reward,
+                "reward_score": reward_of(sample),
                 "num_turns": len(sample.spans),
                 "metrics": {},
                 "extra_fields": {

@@ -112,7 +112,7 @@ def load_renderer(
     `tokenizer` (a folder or GGUF file) tokenizes for the token-level audit; a folder or GGUF
     `source` is its own tokenizer unless one is given.
     """
-    path = Path(source)
+    path = Path(source).expanduser()
     if not path.exists():
         raise CliInputError(path, "no such file or folder")
     kwargs = dict(template_kwargs or {})

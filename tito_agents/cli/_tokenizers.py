@@ -37,7 +37,7 @@ def is_gguf(path: Path) -> bool:
 
 def load_tokenizer(spec: str | os.PathLike[str]) -> Any:
     """A transformers tokenizer from a local folder or GGUF file; `CliInputError` when it can't load."""
-    path = Path(spec)
+    path = Path(spec).expanduser()
     if not path.exists():
         raise CliInputError(
             path, "tokenizer not found (give a local tokenizer folder or a .gguf file)"

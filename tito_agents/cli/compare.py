@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from tito_agents.cli._errors import EXIT_OK, CliInputError
+from tito_agents.cli._paths import user_path, write_output
 from tito_agents.rl.loop_plot import is_loop, loop_lines, render_loop_html
 from tito_agents.trainer_check.plot import render_html
 
@@ -37,13 +37,17 @@ def add_parser(subparsers: Any) -> None:
 
 def _load(path: str) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(user_path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise CliInputError(path, f"not JSON ({exc.msg}, line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise CliInputError(path, "not JSON (not UTF-8 text: a binary file?)") from None
     if not isinstance(data, dict) or ("tito" not in data and not is_loop(data)):
         raise CliInputError(
             path, "not a trainer-view comparison (no 'tito' figures) nor an RL loop's steps"
         )
+    if not (data["rows"] if is_loop(data) else data["tito"]):
+        raise CliInputError(path, "holds no figures (no 'tito' results, or a loop with no steps)")
     return data
 
 
@@ -56,22 +60,32 @@ def _line(name: str, figures: dict[str, Any]) -> str:
     )
 
 
+def _render(data: dict[str, Any], html: bool) -> str:
+    """The page or the table lines; raises what the data's shape makes the renderers raise."""
+    if is_loop(data):
+        return render_loop_html(data) if html else "\n".join(loop_lines(data)) + "\n"
+    if html:
+        return render_html(data)
+    lines = [
+        _line(f"tito {dtype} {layout}", figures)
+        for dtype, layouts in data["tito"].items()
+        for layout, figures in layouts.items()
+    ]
+    lines += [
+        _line(f"text pipeline {dtype}", figures) for dtype, figures in data.get("text", {}).items()
+    ]
+    return "".join(line + "\n" for line in lines)
+
+
 def run(args: argparse.Namespace) -> int:
     data = _load(args.comparison)
-    if is_loop(data):
-        if args.html:
-            Path(args.html).write_text(render_loop_html(data), encoding="utf-8")
-            sys.stdout.write(f"wrote {args.html}\n")
-        else:
-            sys.stdout.write("\n".join(loop_lines(data)) + "\n")
-        return EXIT_OK
+    try:  # rendered whole before anything is written: a malformed file leaves no partial page
+        text = _render(data, html=bool(args.html))
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else f"malformed: {exc}"
+        raise CliInputError(args.comparison, f"not a usable comparison ({what})") from exc
     if args.html:
-        Path(args.html).write_text(render_html(data), encoding="utf-8")
-        sys.stdout.write(f"wrote {args.html}\n")
-        return EXIT_OK
-    for dtype, layouts in data["tito"].items():
-        for layout, figures in layouts.items():
-            sys.stdout.write(_line(f"tito {dtype} {layout}", figures) + "\n")
-    for dtype, figures in data.get("text", {}).items():
-        sys.stdout.write(_line(f"text pipeline {dtype}", figures) + "\n")
+        sys.stdout.write(f"wrote {write_output(args.html, text)}\n")
+    else:
+        sys.stdout.write(text)
     return EXIT_OK

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -21,6 +20,7 @@ from tito_agents.cli import _sampling
 from tito_agents.cli._errors import EXIT_OK, CliInputError
 from tito_agents.cli._html import Run, render_html
 from tito_agents.cli._layout import CLASS_NAMES, CONTEXT, ENV, TRAINED, SampleView, build_view
+from tito_agents.cli._paths import write_output
 from tito_agents.cli._seek import iter_entries
 from tito_agents.cli._term import Painter, color_enabled, table
 from tito_agents.cli._tokenizers import decode_runs, decode_tokens, load_tokenizer
@@ -158,30 +158,28 @@ def locate(
 def run(args: argparse.Namespace) -> int:
     samples = open_samples(args.samples_file, allow_truncated=args.allow_truncated)
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    target, episode = locate(samples, sample_id=args.sample, index=args.index)
+    try:
+        target, episode = locate(samples, sample_id=args.sample, index=args.index)
+    except CliInputError as exc:
+        if exc.path is not None or exc.problem.startswith(str(samples.path)):
+            raise
+        raise CliInputError(samples.path, exc.problem) from exc  # e.g. "no sample #0 among 0"
+    html = None
     if tokenizer is not None:
         check_vocabulary([target], len(tokenizer))
     view = build_view(target, episode)
     texts = token_texts(target, tokenizer)
     if args.html:
         runs = html_runs(view, tokenizer)
-        out = Path(args.html)
-        if not out.parent.is_dir():  # never create folders: a typo would scatter pages around
-            raise CliInputError(out, f"cannot write: folder {out.parent} does not exist")
-        try:
-            out.write_text(
-                render_html(view, runs, source=str(samples.path), ids_only=tokenizer is None),
-                encoding="utf-8",
-            )
-        except OSError as exc:
-            raise CliInputError(out, f"cannot write: {exc.strerror or exc}") from exc
+        page = render_html(view, runs, source=str(samples.path), ids_only=tokenizer is None)
+        html = str(write_output(args.html, page))
     if args.json:
-        data = {**view.to_dict(), **_header_data(target), "html": args.html}
+        data = {**view.to_dict(), **_header_data(target), "html": html}
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif args.html:
         counts = view.counts()
         sys.stdout.write(
-            f"wrote {args.html}: sample {target.sample_id}, {counts['tokens']:,} tokens "
+            f"wrote {html}: sample {target.sample_id}, {counts['tokens']:,} tokens "
             f"({counts['trained']:,} trained, {counts['constrained']:,} of them constrained, "
             f"{counts['env']:,} tool/env, "
             f"{counts['context']:,} context), {counts['rewrite_points']} rewrite point(s)\n"

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from tito_agents.cli._errors import CliInputError
+from tito_agents.cli._paths import user_path
 from tito_agents.errors import SampleFormatError, TitoError
 from tito_agents.samples import Sample
 from tito_agents.sinks import read_samples
@@ -160,15 +161,16 @@ def _open_folder(folder: Path, allow_truncated: bool) -> SampleFile:
 
 def _sink_path(path: str | os.PathLike[str]) -> Path:
     """The file path of a sink spec as `Collector` and `open_sink` accept it: a `file://` URL or
-    a path with sink options (`out/samples.jsonl?max_file_samples=1000`) name the same files."""
+    a path with sink options (`out/samples.jsonl?max_file_samples=1000`) name the same files;
+    `~` is expanded, as the sinks expand it."""
     text = os.fspath(path)
-    if Path(text).exists():
-        return Path(text)
+    if user_path(text).exists():
+        return user_path(text)
     if text.startswith("file://"):
         text = text[len("file://") :]
-    if "?" in text and not Path(text).exists():
+    if "?" in text and not user_path(text).exists():
         text = text.split("?", 1)[0]
-    return Path(text)
+    return user_path(text)
 
 
 def _open_sink_parts(path: Path, allow_truncated: bool) -> SampleFile:

@@ -380,8 +380,14 @@ def _distribution(values: np.ndarray[Any, Any] | None) -> dict[str, Any]:
 
 
 def _reward_summary(rewards: array[float], samples: int) -> dict[str, Any]:
-    values = np.frombuffer(rewards, dtype=np.float64) if rewards else np.zeros(0)
-    summary: dict[str, Any] = {"count": int(values.size), "unset": samples - int(values.size)}
+    """Count, unset, then the distribution of the finite rewards; NaN and infinite rewards (a
+    reward function's bug, kept by Parquet/Arrow) are counted in `non_finite`, not summarised."""
+    every = np.frombuffer(rewards, dtype=np.float64) if rewards else np.zeros(0)
+    finite = np.isfinite(every)
+    values = every[finite]
+    summary: dict[str, Any] = {"count": int(every.size), "unset": samples - int(every.size)}
+    if values.size < every.size:
+        summary["non_finite"] = int(every.size - values.size)
     if values.size == 0:
         return summary
     summary.update(
@@ -405,7 +411,9 @@ def _reward_summary(rewards: array[float], samples: int) -> dict[str, Any]:
 
 def _format_rewards(rewards: dict[str, Any]) -> str:
     head = f"rewards: {rewards['count']:,} set, {rewards['unset']:,} unset"
-    if not rewards["count"]:
+    if rewards.get("non_finite"):
+        head += f", {rewards['non_finite']:,} not finite (NaN or infinite; left out below)"
+    if "mean" not in rewards:
         return head
     q = rewards["quantiles"]
     lines = [

@@ -181,8 +181,11 @@ class Gateway:
         """Forward one allow-listed model call; the client is watched until the answer is in
         hand, and a call whose client went away first is cancelled upstream (never a sample)."""
         headers = request.headers
-        episode_id = call.episode_id or headers.get("x-tito-episode")
-        agent = call.agent or headers.get("x-tito-agent")
+        try:
+            episode_id = call.episode_id or _utf8_header(headers.get("x-tito-episode"))
+            agent = call.agent or _utf8_header(headers.get("x-tito-agent"))
+        except UnicodeDecodeError:
+            return api_error(400, "an X-Tito-Episode or X-Tito-Agent header is not UTF-8")
         held: OpenEpisode | None = None
         if episode_id:
             try:
@@ -356,6 +359,13 @@ def _abandoned(held: OpenEpisode | None, path: str) -> None:
     logger.info("%s: the client went away before the answer was whole", path)
     if held is not None:
         held.abandoned += 1
+
+
+def _utf8_header(value: str | None) -> str | None:
+    """A header value as the client wrote it: Starlette decodes headers as latin-1, so an agent
+    name sent as UTF-8 (`X-Tito-Agent: réviseur`, as Node and curl send it) would become
+    `rÃ©viseur` on every sample; the URL form decodes its percent escapes as UTF-8 too."""
+    return None if value is None else value.encode("latin-1").decode("utf-8")
 
 
 def _line(scope: Scope) -> tuple[str, bytes]:

@@ -26,6 +26,12 @@ from tito_agents.gateway._registry import Registry, RegistryError, call_summarie
 
 Handler = Callable[[Request], Awaitable[Response]]
 
+OPEN_FIELDS = ("episode_id", "task_id", "group_id", "agent", "labels", "metadata", "sessions")
+MAX_DEPTH = 64
+"""How deep labels and metadata may nest. They are written inside every sample (as JSON, whose
+writer stops at 254 levels) and in reports: deeper ones made the sink refuse the episode's
+samples and every report of it fail, so they are refused where they come in."""
+
 
 def json_response(payload: Any, status: int = 200) -> Response:
     return Response(
@@ -51,10 +57,13 @@ class ControlAPI:
     def routes(self) -> list[Route]:
         guard = self._guarded
         return [
-            Route("/control/episodes", guard(self.open_episode), methods=["POST"]),
-            Route("/control/episodes", guard(self.list_episodes), methods=["GET"]),
-            Route("/control/episodes/{episode_id}", guard(self.report), methods=["GET"]),
-            Route("/control/episodes/{episode_id}", guard(self.update), methods=["PATCH"]),
+            # one Route per path, so a 405 names every method the path takes in its `Allow`
+            _route(
+                "/control/episodes", POST=guard(self.open_episode), GET=guard(self.list_episodes)
+            ),
+            _route(
+                "/control/episodes/{episode_id}", GET=guard(self.report), PATCH=guard(self.update)
+            ),
             Route("/control/episodes/{episode_id}/calls", guard(self.calls), methods=["GET"]),
             Route("/control/episodes/{episode_id}/reward", guard(self.reward), methods=["POST"]),
             Route("/control/episodes/{episode_id}/close", guard(self.close), methods=["POST"]),
@@ -83,7 +92,7 @@ class ControlAPI:
     # ---- handlers ----
 
     async def open_episode(self, request: Request) -> Response:
-        body = await _json_object(request)
+        body = await _json_object(request, OPEN_FIELDS)
         held = self.registry.open_episode(
             _text(body, "episode_id"),
             task_id=_text(body, "task_id"),
@@ -132,11 +141,13 @@ class ControlAPI:
         """Agent name, labels (merged) and metadata (merged) of an open episode; they apply to
         the calls forwarded from now on (labels, agent) and to its samples (metadata)."""
         held = self.registry.get_open(request.path_params["episode_id"])
-        body = await _json_object(request)
+        body = await _json_object(request, ("agent", "labels", "metadata"))
+        agent = _text(body, "agent")  # all checked before anything changes: a 400 changes nothing
+        labels, metadata = _opt_dict(body, "labels"), _opt_dict(body, "metadata")
         if "agent" in body:
-            held.episode.agent = _text(body, "agent")
-        held.labels.update(_opt_dict(body, "labels") or {})
-        held.episode.metadata.update(_opt_dict(body, "metadata") or {})
+            held.episode.agent = agent
+        held.labels.update(labels or {})
+        held.episode.metadata.update(metadata or {})
         return json_response(self.registry.report(held.episode.episode_id))
 
     async def calls(self, request: Request) -> Response:
@@ -147,7 +158,7 @@ class ControlAPI:
         """`{"reward": x}` sets the episode's reward; with `"call": id` (a call id, or a response
         id for all of its choices) it sets that call's reward."""
         held = self.registry.get_open(request.path_params["episode_id"])
-        body = await _json_object(request)
+        body = await _json_object(request, ("reward", "call"), required="reward")
         reward = _reward(body)
         call = _opt_str(body, "call")
         if call is None:
@@ -162,7 +173,7 @@ class ControlAPI:
         )
 
     async def close(self, request: Request) -> Response:
-        body = await _json_object(request)
+        body = await _json_object(request, ("reward", "failed"))
         report = await self.registry.close_episode(
             request.path_params["episode_id"],
             reward=_reward(body) if body.get("reward") is not None else None,
@@ -173,7 +184,7 @@ class ControlAPI:
     async def policy_version(self, request: Request) -> Response:
         """The weights' label from now on: of every call, or, with `policy`, of that policy's
         calls (`CaptureSettings.policy_versions`)."""
-        body = await _json_object(request)
+        body = await _json_object(request, ("policy_version", "policy"), required="policy_version")
         settings = self.registry.collector.settings
         version = _text(body, "policy_version")
         policy = _opt_str(body, "policy")
@@ -190,7 +201,7 @@ class ControlAPI:
         `policy_versions` when given. Applies from the next request."""
         settings = self.registry.collector.settings
         if request.method == "PUT":
-            body = await _json_object(request)
+            body = await _json_object(request, ("policies", "policy_versions"))
             if "policies" not in body:
                 raise _BadInput('the body must name "policies" (an object, {} or null for none)')
             mapping = _opt_dict(body, "policies") or {}
@@ -215,16 +226,38 @@ class _BadInput(Exception):
     pass
 
 
-async def _json_object(request: Request) -> dict[str, Any]:
+def _route(path: str, **handlers: Handler) -> Route:
+    """One route for several methods (`GET=..., PATCH=...`): Starlette's 405 then lists them all
+    in `Allow`, where two routes on one path would name only the first one's."""
+
+    async def by_method(request: Request) -> Response:
+        return await handlers[request.method if request.method != "HEAD" else "GET"](request)
+
+    return Route(path, by_method, methods=list(handlers))
+
+
+async def _json_object(
+    request: Request, fields: tuple[str, ...], *, required: str | None = None
+) -> dict[str, Any]:
+    """The request's JSON object body (none: `{}`). A key outside `fields` is refused rather than
+    ignored: a misspelt `rewrad` would otherwise close an episode without its reward; so is a
+    body without `required`, where a missing key would clear a value (a reward, the version)."""
     raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise _BadInput(f"the body is not JSON: {exc}") from None
+    body: Any = {}
+    if raw.strip():
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise _BadInput(f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise _BadInput("the body must be a JSON object")
+    unknown = [key for key in body if key not in fields]
+    if unknown:
+        raise _BadInput(
+            f"unknown field {unknown[0]!r}: this request takes {', '.join(map(repr, fields))}"
+        )
+    if required is not None and required not in body:
+        raise _BadInput(f"the body must name {required!r} (null to clear it)")
     return body
 
 
@@ -246,7 +279,20 @@ def _opt_dict(body: dict[str, Any], key: str) -> dict[str, Any] | None:
     value = body.get(key)
     if value is not None and not isinstance(value, dict):
         raise _BadInput(f"{key} must be a JSON object")
+    if value is not None and _depth(value) > MAX_DEPTH:
+        raise _BadInput(f"{key} is nested more than {MAX_DEPTH} levels deep")
     return value
+
+
+def _depth(value: Any) -> int:
+    """How many objects and arrays deep `value` nests (iterative: any depth the parser took)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            todo.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _text(body: dict[str, Any], key: str) -> str | None:

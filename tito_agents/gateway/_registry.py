@@ -145,7 +145,9 @@ class Registry:
                 self.journal.forgotten(episode_id)
             return lost_report(episode_id, entry)
         held = self.open.get(episode_id)
-        if held is None or held.closing:
+        if held is not None and held.closing:  # another close is writing it: not unknown
+            raise RegistryError(409, f"episode {episode_id!r} is being closed")
+        if held is None:
             if episode_id in self.closed:
                 raise RegistryError(409, f"episode {episode_id!r} is already closed")
             raise RegistryError(404, f"no open episode {episode_id!r}")

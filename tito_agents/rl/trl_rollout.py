@@ -60,7 +60,7 @@ from tito_agents.config import AssemblyMode
 from tito_agents.convert import ConversionError, to_trl_rollout
 from tito_agents.episodes import Episode
 from tito_agents.errors import ConfigurationError
-from tito_agents.rl.versions import VersionLog, filter_stale, relabel
+from tito_agents.rl.versions import VersionLog, filter_stale, oldest_version, relabel
 from tito_agents.samples import Sample
 
 Rows = Callable[[list[Sample], list[Episode], int], dict[str, list[Any]]]
@@ -73,6 +73,11 @@ holds: a string or a list of chat messages) through the collector-wrapped `clien
 keeps what the agent set on the episode itself (`tito_agents.current_episode().set_reward`)."""
 
 T = TypeVar("T")
+
+AGENT_FIX = (
+    "the agent must be `async def agent(prompt, client)` returning the episode's reward as a "
+    "number, or None to keep the one it set on the episode"
+)
 
 SESSIONS_FIX = (
     "turn on token-in sessions so every turn's prompt extends the last exactly "
@@ -207,7 +212,8 @@ class TrlRollout:
         self.last_samples: list[Sample] = []
         self.last_episodes: list[Episode] = []
         self.last_timings = RolloutTimings()
-        self._pending: Any = None  # lag=1: the concurrent future of the next rows' episodes
+        # lag=1: (entries, num_generations, concurrent future) of the next rows' episodes
+        self._pending: tuple[int, int, Any] | None = None
         self._batches = itertools.count()
         self._run_id = uuid.uuid4().hex[:8]
         self._loop: _LoopThread | None = None
@@ -225,22 +231,32 @@ class TrlRollout:
             self._loop = _LoopThread()
         loop = self._loop
         started = time.perf_counter()
-        if self.lag == 0:
+        shape = (len(prompts), num_generations)
+        if self.lag and self._pending is None:  # fill the pipeline: these prompts now and below
+            self._pending = (*shape, self._submit(prompts, num_generations))
+        if self._pending is None or self._pending[:2] != shape:
+            # lag=0, or a batch of another shape (TRL's evaluation) that the pending rows would
+            # not line up with: these prompts run now, a pending batch waits for its shape
             episodes, rollout_s, _ = loop.run(
                 self._episodes(prompts, num_generations), self.timeout
             )
         else:
-            if self._pending is None:  # fill the pipeline: these prompts now, and again below
-                self._pending = asyncio.run_coroutine_threadsafe(
-                    self._episodes(prompts, num_generations), loop.loop
-                )
-            pending, self._pending = self._pending, None
-            episodes, rollout_s, pending_n = pending.result(self.timeout)
-            self._pending = asyncio.run_coroutine_threadsafe(
-                self._episodes(prompts, num_generations), loop.loop
-            )
-            num_generations = pending_n
+            pending = self._pending[2]
+            self._pending = None
+            try:
+                episodes, rollout_s, _ = pending.result(self.timeout)
+            except TimeoutError:
+                pending.cancel()  # not left running on the loop, unseen
+                raise
+            self._pending = (*shape, self._submit(prompts, num_generations))
         return self._to_rows(episodes, num_generations, rollout_s, time.perf_counter() - started)
+
+    def _submit(self, prompts: Sequence[Any], num_generations: int) -> Any:
+        """Start the episodes of `prompts` on the background loop (lag=1); their future."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(
+            self._episodes(prompts, num_generations), self._loop.loop
+        )
 
     async def arun(self, prompts: Sequence[Any], num_generations: int) -> dict[str, list[Any]]:
         """`run` inside the caller's event loop (the client must live on that loop; no lag)."""
@@ -293,7 +309,9 @@ class TrlRollout:
             mislabelled = sum(v.mislabelled for v in calls.values())
             samples = [relabel(s, calls) for s in samples]
             current = self.versions.current
-            if self.max_staleness is not None and current is not None:
+            # before the first update every call was sampled by the current weights: nothing is
+            # stale, whatever the initial label (vLLM's own is "default", not a step number)
+            if self.max_staleness is not None and current is not None and self.versions.updates:
                 samples, report = filter_stale(samples, current, self.max_staleness, mode="mask")
                 masked = report.masked_tokens
         if self.rows is not None:
@@ -320,8 +338,15 @@ class TrlRollout:
         async with self.collector.episode(
             group_id=group_id, sessions=self.sessions, metadata={"prompt_index": index}
         ) as ep:
-            reward = await self.agent(prompt, self.client)
+            running = self.agent(prompt, self.client)
+            if not inspect.isawaitable(running):  # a plain `def`: `await` would not say why
+                raise TypeError(f"the agent returned {type(running).__name__}: {AGENT_FIX}")
+            reward = await running
             if reward is not None:
+                try:
+                    float(reward)
+                except (TypeError, ValueError):
+                    raise TypeError(f"the agent returned {reward!r}: {AGENT_FIX}") from None
                 ep.set_reward(reward)
         return ep
 
@@ -428,11 +453,3 @@ def episode_sample(ep: Episode) -> Sample:
         f"completion per rollout: {'; '.join(why) or 'its calls do not chain'}. Fix: "
         + "; or ".join(fixes)
     )
-
-
-def oldest_version(sample: Sample) -> str | None:
-    """The policy version of the sample's oldest span (None when unlabelled)."""
-    versions = [s.policy_version for s in sample.spans if s.policy_version is not None]
-    if not versions:
-        return None
-    return min(versions, key=lambda v: (0, int(v), v) if v.isdigit() else (1, 0, v))

@@ -58,8 +58,9 @@ class CallVersions:
 
     @property
     def mislabelled(self) -> bool:
-        """The collector's label is not the version that sampled the call's first tokens."""
-        return self.label is not None and self.label != self.dispatch
+        """The collector's label is not the version that sampled the call's first tokens (never
+        when that version is unknown: a `VersionLog` without `initial`, before its first update)."""
+        return self.label is not None and self.dispatch is not None and self.label != self.dispatch
 
 
 class VersionLog:
@@ -72,6 +73,13 @@ class VersionLog:
     def record(self, update: WeightUpdate) -> None:
         if update.drained_at is None or update.resumed_at is None:
             raise ValueError("the update carries no times (made by an older push_weights?)")
+        last = self.updates[-1] if self.updates else None
+        if last is not None and last.drained_at is not None and update.drained_at < last.drained_at:
+            # `of_call` walks the updates in order: one recorded late would win over a newer one
+            raise ValueError(
+                f"update {update.version!r} happened before the last one recorded "
+                f"({last.version!r}): record the updates in the order they were made"
+            )
         self.updates.append(update)
 
     @property
@@ -80,12 +88,14 @@ class VersionLog:
 
     def of_call(self, call: Call) -> CallVersions:
         dispatch = completion = self.initial
+        # a wall clock stepped back mid-call can end it before it started: then it ran for no time
+        ended = max(call.ended_at, call.started_at)
         for update in self.updates:
             switch = update.drained_at if update.drained_at is not None else 0.0
-            if switch < call.ended_at:
+            if switch < ended:
                 completion = update.version
             # "wait" drains: a call still running after it was held, so all of it is new
-            if switch < (call.ended_at if update.pause == "wait" else call.started_at):
+            if switch < (ended if update.pause == "wait" else call.started_at):
                 dispatch = update.version
         return CallVersions(call.call_id, call.policy_version, dispatch, completion)
 
@@ -95,11 +105,11 @@ class VersionLog:
 
 def relabel(sample: Sample, versions: Mapping[str, CallVersions]) -> Sample:
     """`sample` with each span's `policy_version` the engine version that sampled its first
-    tokens (`CallVersions.dispatch`), where `versions` knows the call; a new object, the input is
-    left as it was."""
+    tokens (`CallVersions.dispatch`), where `versions` knows the call and that version (else the
+    collector's label stays: None would say less); a new object, the input is left as it was."""
     spans = [
         dataclasses.replace(span, policy_version=versions[span.call_id].dispatch)
-        if span.call_id in versions
+        if span.call_id in versions and versions[span.call_id].dispatch is not None
         else span
         for span in sample.spans
     ]
@@ -114,6 +124,18 @@ def version_number(version: str | None) -> int | None:
         return int(version)
     except ValueError:
         return None
+
+
+def oldest_version(sample: Sample) -> str | None:
+    """The policy version of the sample's oldest span (None when unlabelled): step numbers as
+    `filter_stale` reads them (`version_number`), then other labels."""
+    versions = [s.policy_version for s in sample.spans if s.policy_version is not None]
+
+    def order(version: str) -> tuple[int, int, str]:
+        number = version_number(version)
+        return (0, number, version) if number is not None else (1, 0, version)
+
+    return min(versions, key=order) if versions else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,11 +163,16 @@ def filter_stale(
     mode "mask": the loss mask is 0 on each stale span's sampled tokens (the sample stays, so
     GRPO groups and row counts do too: what a TRL `rollout_func` needs); "drop": a sample with
     any stale span is left out. Versions are read as step numbers (`version_number`)."""
+    if mode not in ("mask", "drop"):
+        raise ValueError(f'mode must be "mask" or "drop", got {mode!r}')
     if max_staleness < 0:
         raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     now = version_number(str(current))
     if now is None:
-        raise ValueError(f"current version {current!r} is not a step number")
+        raise ValueError(
+            f"current version {current!r} is not a step number: staleness counts steps, so push "
+            "the weights with integer versions (push_weights(..., version=step))"
+        )
     oldest = now - max_staleness
     kept: list[Sample] = []
     masked = dropped = stale = unversioned = 0

@@ -21,6 +21,7 @@ torch is imported on first use, by `save_weights` only.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import os
 import time
@@ -118,13 +119,26 @@ class VllmWeights:
                     f"registers the weight routes only in dev mode); {RESTART_HINT}"
                 ) from None
             raise WeightSyncError(f"{method} {self.root}{path}: {exc.code} {detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             raise WeightSyncError(f"{method} {self.root}{path}: {exc}") from None
-        return json.loads(raw) if raw.strip() else None
+        try:
+            return json.loads(raw) if raw.strip() else None
+        except ValueError:  # a proxy's HTML page, or another server on that port
+            raise WeightSyncError(
+                f"{method} {self.root}{path}: the answer is not JSON ({raw[:200]!r}): is "
+                f"{self.root} the vLLM server?"
+            ) from None
 
     def version(self) -> str:
         """The weight version the engine reports (vLLM starts at "default")."""
-        return str(self._call("GET", "/weight_info")["weight_version"])
+        answer = self._call("GET", "/weight_info")
+        version = answer.get("weight_version") if isinstance(answer, dict) else None
+        if version is None:  # str(None) would be taken for a version label
+            raise WeightSyncError(
+                f"GET {self.root}/weight_info answered {answer!r}, expected "
+                '{"weight_version": ...}: is it a vLLM server in dev mode?'
+            )
+        return str(version)
 
     def pause(self, mode: PauseMode = "wait") -> None:
         self._call("POST", f"/pause?mode={mode}")
@@ -143,7 +157,8 @@ class VllmWeights:
             {"method": "reload_weights", "kwargs": {"weights_path": str(weights_path)}},
         )
         results = answer.get("results") if isinstance(answer, dict) else None
-        if not isinstance(results, list) or any(r is not None for r in results):
+        # no result at all: no worker reloaded anything
+        if not isinstance(results, list) or not results or any(r is not None for r in results):
             raise WeightSyncError(f"reload_weights answered {answer!r}, expected null per worker")
 
     def update(
@@ -155,16 +170,26 @@ class VllmWeights:
         started = time.perf_counter()
         previous = self.version()  # also the cheap check that the routes exist
         paused_at = time.time()
-        if pause is not None:
-            self.pause(pause)
-        drained_at = time.time()
         try:
+            if pause is not None:
+                # inside the try: a pause that timed out here may still take effect there
+                self.pause(pause)
+            drained_at = time.time()
             self.reload(path)
             self.set_version(version)
-        finally:
-            if pause is not None:
-                self.resume()
-            resumed_at = time.time()
+        except BaseException as exc:
+            if pause is not None:  # never leave the engine paused: every rollout would hang
+                try:
+                    self.resume()
+                except WeightSyncError as again:  # keep the first error, say the server's state
+                    exc.add_note(
+                        f"resuming failed too ({again}): the server may still be paused; "
+                        f"POST {self.root}/resume"
+                    )
+            raise
+        if pause is not None:
+            self.resume()
+        resumed_at = time.time()
         reported = self.version()
         if reported != version:
             raise WeightSyncError(

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 from tito_agents._values import as_text
 from tito_agents.calls import Call, CallStatus, count_calls
 from tito_agents.config import CaptureSettings
-from tito_agents.errors import CaptureError, EpisodeNotEndedError
+from tito_agents.errors import CaptureError, EpisodeNotEndedError, EpisodeStateError
 from tito_agents.samples import Sample, finite_or_none
 
 if TYPE_CHECKING:
@@ -255,17 +255,22 @@ class Episode:
         self._call_ids: set[str] = set()
         self._inflight = 0
         self._token: contextvars.Token[Episode | None] | None = None
+        self._ended = False  # `end` has begun: a second end or a late reward is refused
 
     # ---- rewards ----
 
     def set_reward(self, reward: float | None) -> None:
-        """The episode's final reward (finite), given to every sample without a reward of its own."""
-        self.reward = finite_or_none(reward)
+        """The episode's final reward (finite), given to every sample without a reward of its own.
+        Before the end (after: `EpisodeStateError`, its samples are made)."""
+        value = finite_or_none(reward)
+        self._refuse_if_ended("set_reward()")
+        self.reward = value
 
     def set_call_reward(self, target: Call | str | Any, reward: float | None) -> None:
         """A reward for one call: `target` is a `Call`, a call id, a response id (every choice of
-        that response), or a response object with an `id` attribute."""
+        that response), or a response object with an `id` attribute. Before the end."""
         value = finite_or_none(reward)
+        self._refuse_if_ended("set_call_reward()")
         if isinstance(target, Call):
             target.reward = value
             return
@@ -281,6 +286,14 @@ class Episode:
             raise KeyError(f"no captured call {key!r} in episode {self.episode_id!r}")
         for call in matched:
             call.reward = value
+
+    def _refuse_if_ended(self, what: str) -> None:
+        if self._ended:
+            raise EpisodeStateError(
+                f"{what} on episode {self.episode_id!r} after its end: an Episode is one rollout, "
+                "ended once (rewards go inside its `with` block); open a new one with "
+                "collector.episode()"
+            )
 
     def add_error(self, error: CaptureError) -> None:
         """Record a capture problem found outside the transport (e.g. by an integration that saw a
@@ -379,7 +392,11 @@ class Episode:
     # ---- scope ----
 
     def __enter__(self) -> Episode:
-        self._token = _CURRENT_EPISODE.set(self)
+        with self._lock:  # entered once: nested or after its end, `EpisodeStateError`
+            self._refuse_if_ended("a `with`")
+            if self._token is not None:
+                raise EpisodeStateError(f"episode {self.episode_id!r} is already entered")
+            self._token = _CURRENT_EPISODE.set(self)
         return self
 
     def __exit__(
@@ -389,7 +406,8 @@ class Episode:
         tb: TracebackType | None,
     ) -> None:
         self._reset()
-        self.end(failed=exc is not None)
+        if exc is None or not self._ended:  # ended in the body: its exception goes on unchanged
+            self.end(failed=exc is not None)
 
     async def __aenter__(self) -> Episode:
         return self.__enter__()
@@ -401,21 +419,40 @@ class Episode:
         tb: TracebackType | None,
     ) -> None:
         self._reset()
-        await self.aend(failed=exc is not None)
+        if exc is None or not self._ended:
+            await self.aend(failed=exc is not None)
 
     def end(self, *, failed: bool = False) -> None:
         """End the episode without `with` (adapters whose framework reports the end by callback):
-        its samples go to the sink, then capture errors raise as on a `with` exit."""
+        its samples go to the sink, then capture errors raise as on a `with` exit. Once."""
+        self._begin_end()
         self._processor.on_end(self, failed=failed)
 
     async def aend(self, *, failed: bool = False) -> None:
         """`end` for coroutines."""
+        self._begin_end()
         await self._processor.aon_end(self, failed=failed)
 
+    def _begin_end(self) -> None:
+        with self._lock:
+            self._refuse_if_ended("end()")
+            self._ended = True
+
     def _reset(self) -> None:
-        if self._token is not None:
-            _CURRENT_EPISODE.reset(self._token)
-            self._token = None
+        """Leave the scope. An exit in another context than the entering one (an async generator
+        closed in a task of its own, another thread) cannot restore it, yet must end the episode."""
+        token, self._token = self._token, None
+        if token is None:
+            return
+        try:
+            _CURRENT_EPISODE.reset(token)
+        except ValueError:  # "created in a different Context"
+            logger.warning(
+                "episode %r exited in another context than the one that entered it (an async "
+                "generator closed by the event loop, or another thread); calls still made there "
+                "count as late calls. Close generators where they run (contextlib.aclosing)",
+                self.episode_id,
+            )
 
     def _close_calls(self) -> list[Call]:
         """Freeze the episode: later calls are not added. Returns the calls, counted in the report."""

@@ -77,6 +77,11 @@ class SampleFormatError(TitoError):
     """A samples file holds something that is not a valid sample (not a torn last line)."""
 
 
+class EpisodeStateError(TitoError, RuntimeError):
+    """An `Episode` entered while entered, entered or ended after its end, or rewarded after it:
+    one rollout ends once (a second end would write its samples twice; a late reward reaches none)."""
+
+
 class EpisodeNotEndedError(TitoError, RuntimeError):
     """An episode's samples were asked for before it ended (they are assembled at its end), or
     after an end whose assembly failed (the exit raised that failure)."""

@@ -60,6 +60,7 @@ class EpisodeCounts(Protocol):
     tokens: int
     trained_tokens: int
     divergences: dict[str, int]
+    in_flight: int
 
 
 class EpisodeView(Protocol):
@@ -258,7 +259,18 @@ class SampleProcessor:
         with self._cond:
             self.stats.empty_episodes += 1
             outside = Counter(a for t, a in self._recent_outside if t >= episode.started_at)
-        if episode.empty_advice is not None:
+        in_flight = episode.report.in_flight
+        if in_flight:  # its calls went through capture: the advice to wrap the client is wrong
+            logger.warning(
+                "episode %r ended with no captured call while %d of its calls were still in "
+                "flight (a stream left before its end and not closed, or a request of a task not "
+                "awaited): never samples of this episode (collector.stats.late_calls if they "
+                "finish). Fix: end the episode once its requests are done (close a stream you "
+                "leave early)",
+                episode.episode_id,
+                in_flight,
+            )
+        elif episode.empty_advice is not None:
             logger.warning(
                 "episode %r ended with no captured call (%d calls to vLLM were captured outside "
                 "any episode while it was open). Fix: %s",

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 import tito_agents as tito
+from tests.support.rl_versions import call, sample, update
 from tests.support.sessions_fake import responder
-from tests.unit.test_rl_versions import call, sample, update
 from tito_agents.rl import TrlRollout, VersionLog, VllmWeights, WeightSyncError, filter_stale
 from tito_agents.rl import relabel as relabel_sample
 from tito_agents.rl.versions import oldest_version

@@ -201,9 +201,7 @@ class ControlAPI:
         `policy_versions` when given. Applies from the next request."""
         settings = self.registry.collector.settings
         if request.method == "PUT":
-            body = await _json_object(request, ("policies", "policy_versions"))
-            if "policies" not in body:
-                raise _BadInput('the body must name "policies" (an object, {} or null for none)')
+            body = await _json_object(request, ("policies", "policy_versions"), required="policies")
             mapping = _opt_dict(body, "policies") or {}
             versions = _opt_dict(body, "policy_versions")
             try:

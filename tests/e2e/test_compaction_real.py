@@ -7,7 +7,6 @@ episode's reward, and the segment after each summary says so. About 8 short gene
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 from uuid import UUID
 
@@ -19,7 +18,7 @@ from langchain_openai import ChatOpenAI
 from tito_agents_langchain import TitoCallbackHandler, wrap
 
 import tito_agents as tito
-from tito_agents.convert import group_advantages
+from tests.support.compaction_checks import assert_one_linked_trajectory
 
 pytestmark = pytest.mark.e2e
 
@@ -81,15 +80,7 @@ async def test_summarization_middleware_on_real_vllm(vllm_base_url: str, vllm_mo
     assert all(sp.end > sp.start for sp in spans)
     assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)
     assert {s.agent for s in samples} == {"chat"}
-    assert {s.trajectory_id for s in samples} == {samples[0].trajectory_id}
-    assert [s.segment_index for s in samples] == list(range(len(samples)))
-    assert [s.prev_sample_id for s in samples[1:]] == [s.sample_id for s in samples[:-1]]
-    assert sum(s.is_summary for s in samples) == len(summaries)
-    for before, after in itertools.pairwise(samples):
-        if before.is_summary:
-            assert after.rewrite == "summary" and not after.is_summary
-    assert all(s.reward == 1.0 for s in samples)
-    assert len(set(group_advantages(samples, unit="trajectory").tolist())) == 1
+    assert_one_linked_trajectory(samples, len(summaries))
 
 
 def test_plain_client_summariser_on_real_vllm(vllm_base_url: str, vllm_model: str) -> None:
@@ -138,13 +129,7 @@ def test_plain_client_summariser_on_real_vllm(vllm_base_url: str, vllm_model: st
     assert {sp.call_id.rsplit("/", 1)[0] for sp in spans} == set(sent)
     assert len(spans) == len(sent) == len({sp.call_id for sp in spans})
     assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)
-    assert {s.trajectory_id for s in samples} == {samples[0].trajectory_id}
-    assert [s.prev_sample_id for s in samples[1:]] == [s.sample_id for s in samples[:-1]]
-    assert sum(s.is_summary for s in samples) == summaries
-    for before, after in itertools.pairwise(samples):
-        if before.is_summary:
-            assert after.rewrite == "summary" and not after.is_summary
-    assert all(s.reward == 1.0 for s in samples)
+    assert_one_linked_trajectory(samples, summaries)
 
 
 async def test_agents_sdk_input_filter_summariser_on_real_vllm(
@@ -212,10 +197,4 @@ async def test_agents_sdk_input_filter_summariser_on_real_vllm(
     assert len(spans) == raw + len(summaries) == len({sp.call_id for sp in spans})
     assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)
     assert {s.agent for s in samples} == {"chat"}
-    assert {s.trajectory_id for s in samples} == {samples[0].trajectory_id}
-    assert [s.prev_sample_id for s in samples[1:]] == [s.sample_id for s in samples[:-1]]
-    assert sum(s.is_summary for s in samples) == len(summaries)
-    for before, after in itertools.pairwise(samples):
-        if before.is_summary:
-            assert after.rewrite == "summary" and not after.is_summary
-    assert all(s.reward == 1.0 for s in samples)
+    assert_one_linked_trajectory(samples, len(summaries))

@@ -7,7 +7,6 @@ trained with the episode's reward, and every segment after a summary says so."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tito_agents.convert import group_advantages
+from tests.support.compaction_checks import assert_one_linked_trajectory
 from tito_agents.samples import SUMMARIZER_ROLE
 from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import (
@@ -138,12 +137,4 @@ def test_plain_client_summariser_segments(
     assert len(spans) == len(completions) == len({sp.call_id for sp in spans})
     assert {sp.call_id.rsplit("/", 1)[0] for sp in spans} == set(completions)  # the same calls
     assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)
-    assert {s.trajectory_id for s in samples} == {samples[0].trajectory_id}
-    assert [s.segment_index for s in samples] == list(range(len(samples)))
-    assert [s.prev_sample_id for s in samples[1:]] == [s.sample_id for s in samples[:-1]]
-    assert sum(s.is_summary for s in samples) == len(summaries)
-    for before, after in itertools.pairwise(samples):
-        if before.is_summary:
-            assert after.rewrite == "summary" and not after.is_summary
-    assert all(s.reward == 1.0 for s in samples)
-    assert len(set(group_advantages(samples, unit="trajectory").tolist())) == 1
+    assert_one_linked_trajectory(samples, len(summaries))

@@ -406,7 +406,7 @@ class Episode:
         tb: TracebackType | None,
     ) -> None:
         self._reset()
-        if exc is None or not self._ended:  # ended in the body: its exception goes on unchanged
+        if not self._ended:  # ended in the body (an adapter's `end()`): not again, no error
             self.end(failed=exc is not None)
 
     async def __aenter__(self) -> Episode:
@@ -419,7 +419,7 @@ class Episode:
         tb: TracebackType | None,
     ) -> None:
         self._reset()
-        if exc is None or not self._ended:
+        if not self._ended:
             await self.aend(failed=exc is not None)
 
     def end(self, *, failed: bool = False) -> None:

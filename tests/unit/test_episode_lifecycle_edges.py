@@ -99,6 +99,24 @@ def test_a_body_that_ends_its_episode_then_raises_keeps_its_own_exception() -> N
         assert (collector.stats.episodes, collector.stats.failed_episodes) == (1, 0)
 
 
+def test_a_body_that_ends_its_episode_exits_quietly_and_writes_once() -> None:
+    """`end()` inside the block (as an adapter whose framework reports the end may call it), then
+    a normal exit: the episode is written once and the exit raises nothing."""
+    with tito.Collector() as collector:
+        client = _client(collector)
+        with collector.episode("e") as ep:
+            client.chat.completions.create(model=MODEL_NAME, messages=MSG, max_tokens=4)
+            ep.end()
+
+        async def main() -> None:
+            async with collector.episode("a") as aep:
+                await asyncio.sleep(0)
+                await aep.aend()
+
+        asyncio.run(main())
+        assert len(captured_samples(collector)) == 1 and collector.stats.episodes == 2
+
+
 def test_rewards_set_after_the_end_are_refused() -> None:
     """A reward set after the exit reaches no sample (they were made at the exit): it used to be
     kept silently on the episode, and the samples kept no reward."""

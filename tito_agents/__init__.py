@@ -17,10 +17,10 @@ from tito_agents.assembly import AssemblyMode, assemble
 from tito_agents.calls import Call, CallStatus
 from tito_agents.collector import Collector
 from tito_agents.config import (
-    ErrorPolicy,
-    OutsideEpisodePolicy,
-    SessionHistoryPolicy,
-    SinkErrorPolicy,
+    ErrorMode,
+    OutsideEpisodeMode,
+    SessionHistoryMode,
+    SinkErrorMode,
 )
 from tito_agents.episodes import Episode, agent, bind, current_episode, labels
 from tito_agents.errors import (
@@ -53,14 +53,14 @@ __all__ = [
     "ConfigurationError",
     "Episode",
     "EpisodeCaptureError",
-    "ErrorPolicy",
+    "ErrorMode",
     "MissingTokenIdsError",
-    "OutsideEpisodePolicy",
+    "OutsideEpisodeMode",
     "Sample",
-    "SessionHistoryPolicy",
+    "SessionHistoryMode",
     "Sink",
     "SinkError",
-    "SinkErrorPolicy",
+    "SinkErrorMode",
     "TitoError",
     "__version__",
     "agent",

@@ -8,7 +8,7 @@
  *
  * numpy's text parser takes ~25 ns per id here; this takes ~3 (compact text is read 8 bytes at a
  * time, see parse_compact). Built by hatch_build.py when a C compiler is present;
- * tito_agents._wire falls back to numpy without it.
+ * tito_agents._capture.wire falls back to numpy without it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

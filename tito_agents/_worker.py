@@ -32,7 +32,7 @@ W = TypeVar("W")
 
 
 class Backoff(Protocol):
-    """How long to wait before a retry (`sinks.RetryPolicy`)."""
+    """How long to wait before a retry (`sinks.Backoff`)."""
 
     def delay(self, attempt: int) -> float:
         """Seconds before retry number `attempt` (0: the first retry)."""

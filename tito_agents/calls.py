@@ -44,13 +44,13 @@ class CallStatus(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class CallCounts:
     """Recorded calls by status: the one definition of "complete", "incomplete" and "unusable"
-    that `EpisodeReport`, `CaptureStats` and the gateway's episode report share.
+    that `EpisodeReport`, `CollectorStats` and the gateway's episode report share.
 
     Only recorded calls count, each once (a re-delivered response is a duplicate, not a call).
     A call still in flight (its request sent, its response not finished) is in none of these:
     the episode report counts those an episode ended with as `in_flight` (never samples of it;
     one that finishes later is a `late_call`, whatever its status). A request answered with an
-    error status is no call at all (`CaptureStats.failed_attempts`).
+    error status is no call at all (`CollectorStats.failed_attempts`).
     """
 
     complete: int = 0
@@ -91,7 +91,7 @@ class Endpoint(enum.Enum):
 class SessionNote(enum.StrEnum):
     """Values of `Call.session`: how the prompt of a call in session mode was made.
 
-    A `StrEnum`, unlike the configuration choices (`ErrorPolicy`, `AssemblyMode`): it is data on
+    A `StrEnum`, unlike the configuration choices (`ErrorMode`, `AssemblyMode`): it is data on
     every session call, documented and compared as the plain strings ("token_in", ...), so each
     member equals, prints and serializes as its string.
     """
@@ -104,7 +104,7 @@ class SessionNote(enum.StrEnum):
     """As TOKEN_IN, after bridging a turn that ended without its end-of-turn token (context)."""
     TOKEN_IN_SAMPLED = "token_in_sampled"
     """As TOKEN_IN where the template would re-render the history differently (it drops past
-    reasoning, ...): the model's sampled tokens were kept (`SessionHistoryPolicy.SAMPLED`, opt-in)."""
+    reasoning, ...): the model's sampled tokens were kept (`SessionHistoryMode.SAMPLED`, opt-in)."""
     RESAMPLE = "resample"
     """The same messages as an earlier turn: its token prompt again (a sibling branch)."""
     FALLBACK = "fallback"
@@ -173,7 +173,7 @@ class Call:
     """Latency the session added before sending (the /tokenize round trips and bookkeeping)."""
     constrained: str | None = None
     """How the request constrained decoding ("tool_choice=required", "response_format=json_schema",
-    ...; `tito_agents._wire.request.constraint_of`), None for free sampling. vLLM's logprobs of a
+    ...; `tito_agents._capture.wire.request.constraint_of`), None for free sampling. vLLM's logprobs of a
     constrained call are those of the grammar-masked distribution."""
     policy_logprobs: LogprobArray | None = None
     """The policy's own logprobs of the sampled ids, re-scored without the mask (one per sampled

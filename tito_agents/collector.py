@@ -11,17 +11,17 @@ from os import PathLike
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from tito_agents import _transport
 from tito_agents._capture import CaptureCore
+from tito_agents._capture import transport as _transport
 from tito_agents.config import (
     AssemblyMode,
-    CaptureSettings,
-    CaptureStats,
-    ErrorPolicy,
-    OutsideEpisodePolicy,
+    CollectorSettings,
+    CollectorStats,
+    ErrorMode,
+    OutsideEpisodeMode,
     Policies,
-    SessionHistoryPolicy,
-    SinkErrorPolicy,
+    SessionHistoryMode,
+    SinkErrorMode,
     VersionLabel,
     parse_policy_versions,
     parse_version_label,
@@ -32,7 +32,7 @@ from tito_agents.export import SampleProcessor
 from tito_agents.sampling import ServerSampling
 from tito_agents.sinks import BufferedSink, MemorySink, Sink
 
-__all__ = ["CaptureSettings", "CaptureStats", "Collector"]
+__all__ = ["Collector", "CollectorSettings", "CollectorStats"]
 
 logger = logging.getLogger("tito_agents")
 
@@ -49,7 +49,7 @@ class Collector:
     Configuration and wiring only: the stages are `CaptureCore` (per wrapped client, reading
     `settings`), `Episode` (attribution), `SampleProcessor` (assembly and the sink), each
     reporting to the next. Everything set here is read back, and may be changed later, on
-    `settings` (one `CaptureSettings`): a change applies from the next request or episode.
+    `settings` (one `CollectorSettings`): a change applies from the next request or episode.
 
     sink: a `Sink`, or a path / URL for `open_sink` (`samples.jsonl`, `out/samples.parquet`,
         `redis://host/0?stream=samples`, `ray://queue`, ...; `?partition_by=policy` writes a file
@@ -60,11 +60,11 @@ class Collector:
         so a slow or failing disk or server never stalls or breaks the agent. A `Sink` object is
         used as given (written where episodes end); samples of calls outside any episode are
         assembled and written by the processor's thread, never inside the agent's call.
-    sink_errors: what a sink failure does (`SinkErrorPolicy`; "log" by default, "raise" is strict).
+    sink_errors: what a sink failure does (`SinkErrorMode`; "log" by default, "raise" is strict).
     capture_logprobs: also ask vLLM for the logprob of each sampled token (unless the caller set
         `logprobs` itself); off by default, since it costs the server and the wire.
-    errors: what a capture problem does (`ErrorPolicy`; "episode" by default).
-    outside_episode: what a call outside any episode does (`OutsideEpisodePolicy`; "default").
+    errors: what a capture problem does (`ErrorMode`; "episode" by default).
+    outside_episode: what a call outside any episode does (`OutsideEpisodeMode`; "default").
     keep_messages: keep each request's chat messages on its `Call` (in memory; persisted only with
         `record_messages=True`).
     policy_version: a label of the weights that sample now (async RL); set it again on each update.
@@ -82,7 +82,7 @@ class Collector:
     session_history: what token-in sessions do where the chat template would re-render the
         history differently (templates that drop past reasoning): "template" (default) falls back
         to server rendering with the reason and the fix; "sampled" keeps the model's own sampled
-        tokens in context and renders only the new messages (`SessionHistoryPolicy`).
+        tokens in context and renders only the new messages (`SessionHistoryMode`).
     rescore_constrained: recover the policy's own logprobs of calls sampled under a constraint
         (forced tool choice, structured output): vLLM returns the logprobs of the grammar-masked
         distribution there. At each episode's end, those calls' ids are re-scored by the same
@@ -115,15 +115,15 @@ class Collector:
         sink: Sink | str | PathLike[str] | None = None,
         *,
         capture_logprobs: bool = False,
-        errors: ErrorPolicy | str = ErrorPolicy.EPISODE,
-        sink_errors: SinkErrorPolicy | str = SinkErrorPolicy.LOG,
-        outside_episode: OutsideEpisodePolicy | str = OutsideEpisodePolicy.DEFAULT,
+        errors: ErrorMode | str = ErrorMode.EPISODE,
+        sink_errors: SinkErrorMode | str = SinkErrorMode.LOG,
+        outside_episode: OutsideEpisodeMode | str = OutsideEpisodeMode.DEFAULT,
         keep_messages: bool = True,
         policy_version: VersionLabel = None,
         policies: Policies | None = None,
         policy_versions: Mapping[str, VersionLabel] | None = None,
         end_of_turn_id: int | None = None,
-        session_history: SessionHistoryPolicy | str = SessionHistoryPolicy.TEMPLATE,
+        session_history: SessionHistoryMode | str = SessionHistoryMode.TEMPLATE,
         rescore_constrained: bool = False,
         assembly: AssemblyMode | str = AssemblyMode.PER_CALL,
         turn_discount: float = 1.0,
@@ -145,15 +145,15 @@ class Collector:
                 f"assembly must be per_call, merged or both, not {assembly!r}"
             ) from None
         self.sink: Sink = sink
-        self.settings = CaptureSettings(
+        self.settings = CollectorSettings(
             capture_logprobs=capture_logprobs,
-            error_policy=ErrorPolicy(errors),
-            outside_episode=OutsideEpisodePolicy(outside_episode),
+            errors=ErrorMode(errors),
+            outside_episode=OutsideEpisodeMode(outside_episode),
             keep_messages=keep_messages,
             end_of_turn_id=end_of_turn_id,
-            session_history=SessionHistoryPolicy(session_history),
+            session_history=SessionHistoryMode(session_history),
             rescore_constrained=rescore_constrained,
-            sink_errors=SinkErrorPolicy(sink_errors),
+            sink_errors=SinkErrorMode(sink_errors),
             assembly=mode,
             turn_discount=turn_discount,
             tokenizer=tokenizer,
@@ -169,7 +169,7 @@ class Collector:
             self.settings.policy_versions = parse_policy_versions(policy_versions)
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from None
-        self.stats = CaptureStats(delivery=sink.stats if isinstance(sink, BufferedSink) else None)
+        self.stats = CollectorStats(delivery=sink.stats if isinstance(sink, BufferedSink) else None)
         self._processor = SampleProcessor(sink, stats=self.stats, settings=self.settings)
         self.default_episode = Episode(self._processor, self.settings, DEFAULT_EPISODE_ID)
         """Where calls outside any episode go (`outside_episode="default"`); keeps no history."""

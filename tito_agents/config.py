@@ -1,8 +1,14 @@
-"""What a `Collector` is configured with and what it counts: its settings (`CaptureSettings`, read
+"""What a `Collector` is configured with and what it counts: its settings (`CollectorSettings`, read
 by capture on every request and by export at each episode's end), the choices a user makes (one
-`...Policy` enum per failure or history policy, and `AssemblyMode`), and the counters. Plain data,
-imported by every stage and importing none of them (only the records `tito_agents.stats` and
-`tito_agents.sampling`), so the pipeline's stages depend on it and never on the collector."""
+`...Mode` enum per failure or history choice, and `AssemblyMode`), and the counters
+(`CollectorStats`, and `DeliveryStats`, those of one `BufferedSink`). Plain data, imported by every
+stage and importing none of them (only the record `tito_agents.sampling`), so the pipeline's
+stages depend on it and never on the collector.
+
+"Policy" in this library means only the RL policy (the weights, or LoRA adapter, that sample an
+agent's calls: `policies=`, `policy_version`). How the collector reacts to a failure or to a
+history choice is a *mode* (`ErrorMode`, `SinkErrorMode`, ...): a fixed set of choices, as
+`AssemblyMode` already was."""
 
 from __future__ import annotations
 
@@ -13,10 +19,9 @@ from typing import Any, TypeAlias
 
 from tito_agents._values import as_text
 from tito_agents.sampling import ServerSampling
-from tito_agents.stats import DeliveryStats
 
 
-class ErrorPolicy(enum.Enum):
+class ErrorMode(enum.Enum):
     """What a capture problem (missing or inconsistent ids) does."""
 
     RAISE = "raise"
@@ -28,7 +33,7 @@ class ErrorPolicy(enum.Enum):
     """Lenient: the call is recorded as unusable and counted; nothing raises."""
 
 
-class OutsideEpisodePolicy(enum.Enum):
+class OutsideEpisodeMode(enum.Enum):
     """What happens to a captured call made outside any episode."""
 
     DEFAULT = "default"
@@ -40,7 +45,7 @@ class OutsideEpisodePolicy(enum.Enum):
     """The request is sent untouched and nothing is captured."""
 
 
-class SessionHistoryPolicy(enum.Enum):
+class SessionHistoryMode(enum.Enum):
     """What a token-in session does where the model's chat template would re-render the history
     differently from what the model saw (templates that drop past reasoning: stock Qwen3,
     DeepSeek-R1, GLM)."""
@@ -56,11 +61,11 @@ class SessionHistoryPolicy(enum.Enum):
     and the policy trained on them, see longer contexts than serving with that template gives."""
 
 
-class SinkErrorPolicy(enum.Enum):
+class SinkErrorMode(enum.Enum):
     """What a sink failure does when samples are handed over."""
 
     LOG = "log"
-    """Default: logged once and counted (`CaptureStats.sink_failures`, `lost_samples`); the
+    """Default: logged once and counted (`CollectorStats.sink_failures`, `lost_samples`); the
     episode's exit and the agent's calls go on."""
     RAISE = "raise"
     """Strict: the episode's exit raises the `SinkError` (after capture errors are settled).
@@ -147,10 +152,10 @@ def parse_policy_versions(value: Mapping[str, VersionLabel] | None) -> dict[str,
 
 
 _CHOICES: dict[str, Any] = {
-    "error_policy": ErrorPolicy,
-    "outside_episode": OutsideEpisodePolicy,
-    "session_history": SessionHistoryPolicy,
-    "sink_errors": SinkErrorPolicy,
+    "errors": ErrorMode,
+    "outside_episode": OutsideEpisodeMode,
+    "session_history": SessionHistoryMode,
+    "sink_errors": SinkErrorMode,
     "assembly": AssemblyMode.parse,
     "policies": parse_policies,
     "policy_versions": parse_policy_versions,
@@ -160,7 +165,7 @@ _CHOICES: dict[str, Any] = {
 
 
 @dataclass(slots=True, eq=False, weakref_slot=True)
-class CaptureSettings:
+class CollectorSettings:
     """Everything a collector is configured with, in one place: `collector.settings`.
 
     One object per collector, shared by every client it wraps (capture reads it on every request)
@@ -174,9 +179,9 @@ class CaptureSettings:
 
     capture_logprobs: bool = False
     """Ask vLLM for the logprob of each sampled token (unless the caller set `logprobs`)."""
-    error_policy: ErrorPolicy = ErrorPolicy.EPISODE
+    errors: ErrorMode = ErrorMode.EPISODE
     """What a capture problem does (`Collector(errors=...)`)."""
-    outside_episode: OutsideEpisodePolicy = OutsideEpisodePolicy.DEFAULT
+    outside_episode: OutsideEpisodeMode = OutsideEpisodeMode.DEFAULT
     """What a call outside any episode does; each episode reads it when it is opened."""
     keep_messages: bool = True
     """Keep each request's chat messages on its `Call` (in memory)."""
@@ -195,9 +200,9 @@ class CaptureSettings:
     rescore_constrained: bool = False
     """Re-score constrained calls (and Responses calls returned without logprobs) at the episode's
     end for the policy's own logprobs."""
-    session_history: SessionHistoryPolicy = SessionHistoryPolicy.TEMPLATE
+    session_history: SessionHistoryMode = SessionHistoryMode.TEMPLATE
     """Token-in sessions where the template re-renders history differently."""
-    sink_errors: SinkErrorPolicy = SinkErrorPolicy.LOG
+    sink_errors: SinkErrorMode = SinkErrorMode.LOG
     """What a sink failure does."""
     assembly: AssemblyMode = AssemblyMode.PER_CALL
     """Which samples an episode's calls become."""
@@ -242,7 +247,43 @@ class CaptureSettings:
 
 
 @dataclass(slots=True)
-class CaptureStats:
+class DeliveryStats:
+    """What a `BufferedSink` did (read them; the sink updates them)."""
+
+    accepted: int = 0
+    """Samples handed to `write`."""
+    exported: int = 0
+    """Samples the inner sink accepted (including replayed ones)."""
+    buffered: int = 0
+    """Samples in memory now (waiting or being delivered)."""
+    spilled: int = 0
+    """Samples written to the spill log."""
+    replayed: int = 0
+    """Samples delivered from the spill log (this process's or one left by a crashed process)."""
+    spill_pending: int = 0
+    """Samples in the spill log now."""
+    failed_attempts: int = 0
+    """Delivery attempts that raised (each was retried or rejected)."""
+    rejected: int = 0
+    """Samples refused for good by the destination (kept in the rejected log, never dropped)."""
+    blocked_writes: int = 0
+    """`write` calls that had to wait for room (backpressure)."""
+    blocked_seconds: float = 0.0
+    spill_failures: int = 0
+    """Spill appends that failed (e.g. the spill disk is full too); those writes waited instead."""
+    refused_writes: int = 0
+    """`write_nowait` calls that found no room and raised (the caller kept the samples)."""
+    paced_writes: int = 0
+    """`write` / `awrite` calls that gave the worker its turn (it was `pace_after` behind)."""
+    paced_seconds: float = 0.0
+    last_error: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class CollectorStats:
     """Counters over the collector's lifetime (read them; do not write them)."""
 
     requests: int = 0
@@ -290,7 +331,7 @@ class CaptureStats:
     """Calls re-scoring could not recover (`Call.rescore_error` says why)."""
     delivery: DeliveryStats | None = None
     """What the buffer in front of the sink did after accepting samples (retries, spills,
-    refusals; `tito_agents.stats.DeliveryStats`, also named `tito_agents.sinks.DeliveryStats`);
+    refusals; `tito_agents.config.DeliveryStats`, also named `tito_agents.sinks.DeliveryStats`);
     None when the sink has no buffer."""
 
     def as_dict(self) -> dict[str, Any]:

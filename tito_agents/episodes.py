@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from tito_agents._values import as_text
 from tito_agents.calls import Call, CallStatus, count_calls
-from tito_agents.config import CaptureSettings
+from tito_agents.config import CollectorSettings
 from tito_agents.errors import CaptureError, EpisodeNotEndedError, EpisodeStateError
 from tito_agents.samples import Sample, finite_or_none
 
@@ -176,7 +176,7 @@ class EpisodeReport:
     unusable: int = 0
     in_flight: int = 0
     """Calls still in flight when the episode ended (no response yet): not among `calls`, never
-    samples of this episode (`CaptureStats.late_calls` if they finish later)."""
+    samples of this episode (`CollectorStats.late_calls` if they finish later)."""
     samples: int = 0
     tokens: int = 0
     trained_tokens: int = 0
@@ -206,7 +206,7 @@ class Episode:
 
     On exit the episode's complete calls become samples and go to the collector's sink. If some calls
     could not be captured exactly, the exit raises `EpisodeCaptureError` after writing the good ones
-    (policy `ErrorPolicy.EPISODE`, the default). If the body raised, no samples are written: a
+    (policy `ErrorMode.EPISODE`, the default). If the body raised, no samples are written: a
     rollout that crashed has no trustworthy reward; its calls stay readable on `calls`.
 
     After the exit, `samples` holds the samples the episode produced, in process, whatever the
@@ -216,7 +216,7 @@ class Episode:
     def __init__(
         self,
         processor: EpisodeProcessor,
-        settings: CaptureSettings,
+        settings: CollectorSettings,
         episode_id: str | None = None,
         *,
         task_id: str | None = None,
@@ -380,7 +380,7 @@ class Episode:
         self._samples = samples
 
     @property
-    def settings(self) -> CaptureSettings:
+    def settings(self) -> CollectorSettings:
         """The capture settings of the collector that opened this episode (read them; adapters
         key per-collector state on this object)."""
         return self._settings

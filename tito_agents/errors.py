@@ -1,7 +1,7 @@
 """The error tree of tito-agents: every error the library raises derives from `TitoError`.
 
 Configuration errors raise early, when the user sets things up. Capture problems never break the
-agent's own LLM call unless the user chose `ErrorPolicy.RAISE`: they are recorded on the call and
+agent's own LLM call unless the user chose `ErrorMode.RAISE`: they are recorded on the call and
 surface as typed errors when the episode ends (or are only counted, in the lenient policy). Sink
 errors say whether a retry can help.
 """

@@ -27,7 +27,7 @@ from tito_agents._worker import Worker, WorkSource
 from tito_agents.assembly import AssemblyOptions, Divergence, EpisodeContext, assemble
 from tito_agents.assembly.call_messages import attach_call_messages
 from tito_agents.calls import Call, CallStatus, count_calls
-from tito_agents.config import CaptureSettings, CaptureStats, ErrorPolicy, SinkErrorPolicy
+from tito_agents.config import CollectorSettings, CollectorStats, ErrorMode, SinkErrorMode
 from tito_agents.errors import CaptureError, EpisodeCaptureError, SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks import Sink, lifecycle
@@ -50,7 +50,7 @@ EXPORT_BATCH_CALLS = 256
 
 MAX_QUEUED_CALLS = 65536
 """Calls outside any episode waiting for the processor's thread; beyond it they are counted as lost
-(`CaptureStats.lost_samples`) rather than block the agent's call."""
+(`CollectorStats.lost_samples`) rather than block the agent's call."""
 
 
 class EpisodeCounts(Protocol):
@@ -99,14 +99,14 @@ class SampleProcessor:
     """Assembles ended episodes and hands their samples to `sink` (see the module docstring).
 
     settings: the collector's settings; how samples are made (`assembly`, `turn_discount`,
-    `tokenizer`, `record_messages`) and what failures raise (`error_policy`, `sink_errors`) are
+    `tokenizer`, `record_messages`) and what failures raise (`errors`, `sink_errors`) are
     read from it at each episode's end, so a change applies to the next one.
     """
 
     def __repr__(self) -> str:
         return f"SampleProcessor({self.sink!r})"
 
-    def __init__(self, sink: Sink, *, stats: CaptureStats, settings: CaptureSettings) -> None:
+    def __init__(self, sink: Sink, *, stats: CollectorStats, settings: CollectorSettings) -> None:
         self.sink = sink
         self.stats = stats
         self.settings = settings
@@ -340,9 +340,9 @@ class SampleProcessor:
     ) -> None:
         if failed:
             return
-        if episode.errors and self.settings.error_policy is ErrorPolicy.EPISODE:
+        if episode.errors and self.settings.errors is ErrorMode.EPISODE:
             raise EpisodeCaptureError(episode.episode_id, list(episode.errors))
-        if sink_error is not None and self.settings.sink_errors is SinkErrorPolicy.RAISE:
+        if sink_error is not None and self.settings.sink_errors is SinkErrorMode.RAISE:
             raise sink_error
 
     def _sink_failed(self, samples: list[Sample], exc: Exception) -> SinkError:

@@ -27,12 +27,12 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import orjson
 
-from tito_agents.calls import Call, CallStatus, Endpoint, ScoringEndpoint
+from tito_agents.calls import Call, CallStatus, ScoringEndpoint
 
 logger = logging.getLogger("tito_agents")
 
@@ -68,27 +68,6 @@ def has_rollout_logprobs(call: Call) -> bool:
     """Whether the server returned a logprob for every sampled id of `call`."""
     lp = call.logprobs
     return lp is not None and lp.shape == call.sampled_ids.shape
-
-
-class ScoredRequest(Protocol):
-    """What `scored_later` reads of a request (capture's `_wire.request.RequestInfo`): re-scoring
-    runs in the export stage and never imports capture."""
-
-    @property
-    def endpoint(self) -> Endpoint: ...
-    @property
-    def constrained(self) -> str | None: ...
-    @property
-    def wants_logprobs(self) -> bool: ...
-
-
-def scored_later(info: ScoredRequest) -> bool:
-    """Whether a request's call may need re-scoring at the episode's end (re-scoring on): a
-    constrained one (masked logprobs), or a Responses one that asks for logprobs (vLLM 0.32 leaves
-    out those of function-call and reasoning tokens and of a stream's EOS)."""
-    return info.constrained is not None or (
-        info.endpoint is Endpoint.RESPONSES and info.wants_logprobs
-    )
 
 
 def plan(calls: Iterable[Call], batch_size: int = BATCH_SIZE) -> list[RescoreRequest]:

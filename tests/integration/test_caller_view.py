@@ -14,7 +14,7 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tito_agents._wire import ResponseParser, prepare_request
+from tito_agents._capture.wire import ResponseParser, prepare_request
 from tito_agents.calls import Endpoint
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, mock_transport
 from tito_agents.testing.smollm2 import MODEL_NAME

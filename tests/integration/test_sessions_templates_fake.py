@@ -1,6 +1,6 @@
 """Token-in sessions and the chat template (issue 19): the end-of-turn token derived from the
 server's own template, precise fallbacks for templates that re-render history, and the opt-in
-that keeps the model's sampled tokens (`SessionHistoryPolicy.SAMPLED`). On the fake vLLM, which renders
+that keeps the model's sampled tokens (`SessionHistoryMode.SAMPLED`). On the fake vLLM, which renders
 with the real SmolLM2 tokenizer and the template given here; the real-engine matrix is
 tests/e2e/test_templates_real.py."""
 
@@ -169,7 +169,7 @@ def test_sampled_history_keeps_the_sampled_tokens_and_renders_only_the_new_messa
     """Opt-in: where the template would re-render history, the model keeps its own tokens; each
     prompt is the previous prompt + sampled ids + the template's rendering of the new messages."""
     collector = tito.Collector(session_history="sampled", assembly="merged")
-    assert collector.settings.session_history is tito.SessionHistoryPolicy.SAMPLED
+    assert collector.settings.session_history is tito.SessionHistoryMode.SAMPLED
     fake = fake_with(DROPS_PAST)
     ep = chat(fake, collector, questions=("A?", "B?", "C?", "D?"))
     tok = load_tokenizer()

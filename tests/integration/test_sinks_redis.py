@@ -13,7 +13,7 @@ import pytest
 from tests.support.redis_reading import drain, wait_for
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
-from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
+from tito_agents.sinks.buffered import Backoff, BufferedSink
 from tito_agents.sinks.registry import open_sink
 from tito_agents.sinks.testing import LocalRedisServer, free_port, synthetic_sample
 
@@ -28,7 +28,7 @@ from tito_agents.sinks.redis_streams import (
     RedisStreamSink,
 )
 
-FAST = RetryPolicy(initial=0.02, maximum=0.2)
+FAST = Backoff(initial=0.02, maximum=0.2)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tito_agents.errors import SinkError
-from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
+from tito_agents.sinks.buffered import Backoff, BufferedSink
 from tito_agents.sinks.registry import open_sink
 from tito_agents.sinks.testing import LocalRedisServer
 
@@ -38,13 +38,13 @@ until all it acknowledged is on disk before it is killed, so that no timing deci
 PRODUCER = textwrap.dedent(
     """
     import sys, time
-    from tito_agents.sinks.buffered import RetryPolicy
+    from tito_agents.sinks.buffered import Backoff
     from tito_agents.sinks.registry import open_sink
     from tito_agents.sinks.testing import synthetic_sample
 
     url, stream, spill, name, count, acks, window = sys.argv[1:8]
     sink = open_sink(f"{url}?stream={stream}&spill_after={window}", spill_dir=spill)
-    sink.retry = RetryPolicy(initial=0.02, maximum=0.2)
+    sink.retry = Backoff(initial=0.02, maximum=0.2)
     with open(acks, "a", buffering=1) as out:
         for i in range(int(count)):
             sample = synthetic_sample(i, 256, episode_id=name)
@@ -139,7 +139,7 @@ def test_redis_killed_and_a_producer_killed_mid_outage_lose_no_acknowledged_samp
     # The victim's replacement: a new producer on its spill folder delivers what it left.
     restarted = open_sink(f"{server.url}?stream={stream}", spill_dir=tmp_path / "spill-victim")
     assert isinstance(restarted, BufferedSink)
-    restarted.retry = RetryPolicy(initial=0.02, maximum=0.2)
+    restarted.retry = Backoff(initial=0.02, maximum=0.2)
     restarted.flush(timeout=20)  # (its replay starts when it opens: no count to read before)
     restarted.close()
     assert restarted.stats.replayed > 0 and restarted.stats.spill_pending == 0

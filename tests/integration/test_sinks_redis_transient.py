@@ -29,7 +29,7 @@ import redis.exceptions as redis_errors
 
 from tests.support.redis_reading import drain, wait_for
 from tito_agents.sinks._redis import translate
-from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
+from tito_agents.sinks.buffered import Backoff, BufferedSink
 from tito_agents.sinks.redis_streams import RedisStreamReader, RedisStreamSink
 
 STREAM = "transient"
@@ -150,7 +150,7 @@ def test_a_producer_retries_through_a_failover_or_a_full_redis(
     if cause == "oom":
         fill(full.url)
     inner = RedisStreamSink(server.url, stream=STREAM, transaction=transaction)
-    sink = BufferedSink(inner, spill_dir=tmp_path, retry=RetryPolicy(initial=0.01, maximum=0.05))
+    sink = BufferedSink(inner, spill_dir=tmp_path, retry=Backoff(initial=0.01, maximum=0.05))
     sink.write(make(3))
     wait_for(lambda: sink.stats.failed_attempts >= 2, "failed deliveries")
     assert sink.stats.rejected == 0 and sink.rejected_samples == []

@@ -79,7 +79,7 @@ def test_stages_do_not_know_the_collector() -> None:
     """Capture, episodes and export depend on settings and protocols, never on the collector
     that wires them (it is the only module that imports them all)."""
     modules = _modules()
-    for stage in ("_capture", "_transport", "_wire", "episodes", "export", "assembly", "sinks"):
+    for stage in ("_capture", "episodes", "export", "assembly", "sinks"):
         for name, path in modules.items():
             if path.suffix == ".py" and (
                 name == f"tito_agents.{stage}" or name.startswith(f"tito_agents.{stage}.")
@@ -90,7 +90,7 @@ def test_stages_do_not_know_the_collector() -> None:
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tools", ("cli", "convert", "trainer_check", "gateway", "rl")),
     ("user API and wiring", ("", "collector", "integration")),
-    ("capture", ("_wire", "_capture", "_flow", "_transport", "sessions")),
+    ("capture", ("_capture", "sessions")),
     ("episodes", ("episodes",)),
     ("export", ("export", "rescore")),
     ("assembly", ("assembly",)),
@@ -99,7 +99,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "records",
         (
             "config",
-            "stats",
             "calls",
             "samples",
             "sampling",

@@ -82,7 +82,7 @@ def test_an_internal_error_preparing_a_request_sends_it_uncaptured(
 def test_a_failure_after_begin_sends_the_callers_request_and_is_not_in_flight(
     fake: FakeVLLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tito_agents import _flow
+    from tito_agents._capture import flow as _flow
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("rebuild failed")

@@ -142,10 +142,10 @@ def test_settings_are_read_back_as_given() -> None:
         tokenizer=tokenizer,
     )
     settings = collector.settings
-    assert settings.error_policy is tito.ErrorPolicy.COUNT
-    assert settings.outside_episode is tito.OutsideEpisodePolicy.IGNORE
-    assert settings.sink_errors is tito.SinkErrorPolicy.RAISE
-    assert settings.session_history is tito.SessionHistoryPolicy.SAMPLED
+    assert settings.errors is tito.ErrorMode.COUNT
+    assert settings.outside_episode is tito.OutsideEpisodeMode.IGNORE
+    assert settings.sink_errors is tito.SinkErrorMode.RAISE
+    assert settings.session_history is tito.SessionHistoryMode.SAMPLED
     assert settings.turn_discount == 0.5
     assert settings.assembly is tito.AssemblyMode.PER_CALL
     assert (settings.policy_version, settings.end_of_turn_id) == ("v3", 7)

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tito_agents._wire.request import constraint_of, prepare_request
+from tito_agents._capture.wire.request import constraint_of, prepare_request
 from tito_agents.calls import Endpoint
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 import pytest
 
-from tito_agents._capture.messages import COUNT_TOKENS, TOKENIZE, MessagesRelay, probe_plan
-from tito_agents._wire import endpoint_for_path, prepare_request
-from tito_agents._wire.messages_reply import MessagesStream, encode_event
-from tito_agents._wire.request import UnreadableRequest
+from tito_agents._capture.messages.relay import COUNT_TOKENS, TOKENIZE, MessagesRelay, probe_plan
+from tito_agents._capture.messages.reply import MessagesStream, encode_event
+from tito_agents._capture.wire import endpoint_for_path, prepare_request
+from tito_agents._capture.wire.request import UnreadableRequest
 from tito_agents.calls import Endpoint
 
 REQUEST: dict[str, Any] = {

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from tests.support import messages_cases
-from tito_agents._wire.messages_chat import chat_request
-from tito_agents._wire.messages_probe import (
+from tito_agents._capture.messages.convert import chat_request
+from tito_agents._capture.messages.probe import (
     disabled_effort_from,
     effort_probes,
     merge_from_counts,
     merge_probe,
 )
-from tito_agents._wire.messages_reply import (
+from tito_agents._capture.messages.reply import (
     MessagesStream,
     ReplyError,
     encode_body,

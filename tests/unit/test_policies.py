@@ -14,9 +14,9 @@ import pytest
 
 import tito_agents as tito
 from tests.support.policies_fake import BASE, MultiModelFake
-from tito_agents._wire import prepare_request
+from tito_agents._capture.wire import prepare_request
 from tito_agents.calls import Endpoint, policy_of
-from tito_agents.config import CaptureSettings
+from tito_agents.config import CollectorSettings
 from tito_agents.convert import group_advantages, group_key
 from tito_agents.errors import ConfigurationError
 from tito_agents.sinks import read_file_samples
@@ -215,11 +215,11 @@ def test_bad_mappings_are_refused(policies: Any) -> None:
     with pytest.raises(ConfigurationError):
         tito.Collector(policies=policies)
     with pytest.raises(ValueError):
-        CaptureSettings().policies = policies
+        CollectorSettings().policies = policies
 
 
 def test_versions_per_policy_fall_back_to_the_global_one() -> None:
-    settings = CaptureSettings(policy_version="5")
+    settings = CollectorSettings(policy_version="5")
     settings.policy_versions = {"a": "9", "b": None}
     assert (settings.version_for("a"), settings.version_for("b")) == ("9", None)
     assert (settings.version_for("c"), settings.version_for(None)) == ("5", "5")
@@ -253,7 +253,7 @@ def test_labels_that_are_not_strings_or_ints_are_refused(label: Any) -> None:
     with pytest.raises(ConfigurationError):
         tito.Collector(policy_versions={"a": label})
     with pytest.raises(ValueError):
-        CaptureSettings().policy_version = label
+        CollectorSettings().policy_version = label
     with pytest.raises(ConfigurationError):
         tito.Collector(policy_versions={3: "a"})  # type: ignore[dict-item]
 

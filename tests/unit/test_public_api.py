@@ -20,14 +20,14 @@ TOP_LEVEL = {
     "ConfigurationError",
     "Episode",
     "EpisodeCaptureError",
-    "ErrorPolicy",
+    "ErrorMode",
     "MissingTokenIdsError",
-    "OutsideEpisodePolicy",
+    "OutsideEpisodeMode",
     "Sample",
-    "SessionHistoryPolicy",
+    "SessionHistoryMode",
     "Sink",
     "SinkError",
-    "SinkErrorPolicy",
+    "SinkErrorMode",
     "TitoError",
     "__version__",
     "agent",
@@ -86,8 +86,8 @@ def test_every_moved_name_has_its_home() -> None:
 
 def test_one_name_and_one_form_each() -> None:
     """Each assembly function has one form (an `EpisodeContext` and `AssemblyOptions`, no keyword
-    twin), each choice enum is a `...Policy` (or `AssemblyMode`), and the collector's settings
-    are read on `collector.settings` only (no forwarding properties)."""
+    twin), each choice enum is a `...Mode` ("policy" names only the RL policy), and the collector's
+    settings are read on `collector.settings` only (no forwarding properties)."""
     import tito_agents.assembly as assembly
 
     twins = {"assemble_episode", "merged_samples", "per_call_samples", "per_call_sample"}
@@ -95,14 +95,16 @@ def test_one_name_and_one_form_each() -> None:
     assert assembly.assemble is tito.assemble
     old_names = {"OutsideEpisode", "SinkErrors", "SessionHistory"}
     assert not old_names & set(dir(tito))
-    policies = {name for name in tito.__all__ if name.endswith("Policy")}
-    assert policies == {
-        "ErrorPolicy",
-        "OutsideEpisodePolicy",
-        "SessionHistoryPolicy",
-        "SinkErrorPolicy",
+    assert not {name for name in dir(tito) if name.endswith("Policy")}
+    modes = {name for name in tito.__all__ if name.endswith("Mode")}
+    assert modes == {
+        "AssemblyMode",
+        "ErrorMode",
+        "OutsideEpisodeMode",
+        "SessionHistoryMode",
+        "SinkErrorMode",
     }
-    settings = {"policy_version", "assembly", "turn_discount", "tokenizer", "error_policy"}
+    settings = {"policy_version", "assembly", "turn_discount", "tokenizer", "errors"}
     assert not settings & set(dir(tito.Collector))
 
 
@@ -146,5 +148,5 @@ def test_modules_stay_reachable_by_name() -> None:
     import tito_agents.config
 
     assert tito_agents.calls.Call is tito.Call
-    assert tito_agents.config.ErrorPolicy is tito.ErrorPolicy
+    assert tito_agents.config.ErrorMode is tito.ErrorMode
     assert not hasattr(tito, "no_such_module")

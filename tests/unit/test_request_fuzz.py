@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from tito_agents._wire.request import UnreadableRequest, lax_bool, lax_int, prepare_request
-from tito_agents._wire.splice import member_values, set_members, with_token_prompt
+from tito_agents._capture.wire.request import UnreadableRequest, lax_bool, lax_int, prepare_request
+from tito_agents._capture.wire.splice import member_values, set_members, with_token_prompt
 from tito_agents.calls import Endpoint
 from tito_agents.testing.fake_vllm._requests import (
     FakeHTTPError,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tito_agents._wire.responses_chat import assistant_message, chat_view
+from tito_agents._capture.responses.chat_view import assistant_message, chat_view
 
 TOOL = {
     "type": "function",

@@ -1,7 +1,7 @@
 """One Responses-to-chat rule set in two copies: the library's and the fake vLLM's agree with
 vLLM 0.32 on every item and tool kind it accepts.
 
-The rules exist twice on purpose: in the library (`tito_agents._wire.responses_chat`, which plans
+The rules exist twice on purpose: in the library (`tito_agents._capture.responses.chat_view`, which plans
 token-in sessions) and in the fake vLLM (`tito_agents.testing.fake_vllm._responses_input`, the
 independent oracle the planned prompts are tested against; a shared copy would let a wrong rule
 pass on both sides). `CASES` holds each kind with what vLLM 0.32's own `construct_input_messages`
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tito_agents._wire.responses_chat import chat_view
+from tito_agents._capture.responses.chat_view import chat_view
 from tito_agents.testing.fake_vllm._fields import FakeHTTPError
 from tito_agents.testing.fake_vllm._responses_input import chat_messages, chat_params, chat_tools
 

@@ -13,10 +13,8 @@ import pytest
 
 import tito_agents as tito
 from tito_agents._capture import SessionStore
-from tito_agents.calls import SessionNote
-from tito_agents.config import SessionHistoryPolicy
-from tito_agents.episodes import Episode
-from tito_agents.sessions import (
+from tito_agents._capture.sessions import (
+    TAIL_HEAD,
     FallbackReason,
     Plan,
     Session,
@@ -26,6 +24,9 @@ from tito_agents.sessions import (
     plan,
     tools_key,
 )
+from tito_agents.calls import SessionNote
+from tito_agents.config import SessionHistoryMode
+from tito_agents.episodes import Episode
 
 START, END = 1, 2
 ROLES = {"user": 3, "assistant": 4, "system": 5, "tool": 6}
@@ -193,7 +194,7 @@ def test_history_a_template_re_renders_falls_back_or_keeps_the_sampled_tokens() 
     assert decision.reason is not None and "when appending [user]" in decision.reason
     (checked,) = session.verified.values()  # the verdict is kept for the kind of tail
     assert not checked.preserves_prefix and checked.reason == decision.reason
-    sampled = append(Session(), render, history=SessionHistoryPolicy.SAMPLED)
+    sampled = append(Session(), render, history=SessionHistoryMode.SAMPLED)
     assert sampled.note is SessionNote.TOKEN_IN_SAMPLED and sampled.fallback is None
 
 
@@ -211,7 +212,7 @@ def test_a_known_kind_of_tail_renders_only_the_short_tail() -> None:
     messages = first_turn(session, render)
     decision = drive(plan(session, {"messages": messages}), recording)
     assert decision.note is SessionNote.TOKEN_IN
-    assert [ask["messages"][0] for ask in asked] == [tito.sessions.TAIL_HEAD]
+    assert [ask["messages"][0] for ask in asked] == [TAIL_HEAD]
 
 
 def test_every_reason_is_named_by_its_text() -> None:

@@ -19,11 +19,11 @@ import pytest
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks.base import Sink
-from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
+from tito_agents.sinks.buffered import Backoff, BufferedSink
 from tito_agents.sinks.files import RotatingFileSink, read_file_samples
 from tito_agents.sinks.testing import synthetic_sample
 
-FAST = RetryPolicy(initial=0.005, maximum=0.02)
+FAST = Backoff(initial=0.005, maximum=0.02)
 
 
 class FlakySink(Sink):
@@ -334,7 +334,7 @@ _CRASH_WHILE_DOWN = textwrap.dedent(
     import os, sys
     from tito_agents.errors import SinkError
     from tito_agents.sinks.base import Sink
-    from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
+    from tito_agents.sinks.buffered import BufferedSink, Backoff
     from tito_agents.sinks.testing import synthetic_sample
 
     class Down(Sink):
@@ -342,7 +342,7 @@ _CRASH_WHILE_DOWN = textwrap.dedent(
             raise SinkError("down", retryable=True)
 
     sink = BufferedSink(Down(), spill_dir=sys.argv[1], max_buffer_samples=5, batch_size=5,
-                        retry=RetryPolicy(initial=0.01, maximum=0.05))
+                        retry=Backoff(initial=0.01, maximum=0.05))
     for i in range(30):
         sink.write([synthetic_sample(i, 16)])
     print(sink.stats.spilled, flush=True)
@@ -499,7 +499,7 @@ def test_an_outage_moves_memory_to_disk_within_spill_after(
         spill_after=0.2,
         batch_size=4,
         linger=0,
-        retry=RetryPolicy(initial=5.0, maximum=5.0, jitter=0),  # the next retry is far off
+        retry=Backoff(initial=5.0, maximum=5.0, jitter=0),  # the next retry is far off
     )
     for i in range(0, 20, 5):
         sink.write(make(5, start=i))
@@ -523,7 +523,7 @@ _KILLED_MID_OUTAGE = textwrap.dedent(
     import os, sys, time
     from tito_agents.errors import SinkError
     from tito_agents.sinks.base import Sink
-    from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
+    from tito_agents.sinks.buffered import BufferedSink, Backoff
     from tito_agents.sinks.testing import synthetic_sample
 
     class Down(Sink):
@@ -531,7 +531,7 @@ _KILLED_MID_OUTAGE = textwrap.dedent(
             raise SinkError("down", retryable=True)
 
     sink = BufferedSink(Down(), spill_dir=sys.argv[1], max_buffer_samples=int(sys.argv[2]),
-                        batch_size=4, spill_after=0.2, retry=RetryPolicy(initial=0.01, maximum=0.05))
+                        batch_size=4, spill_after=0.2, retry=Backoff(initial=0.01, maximum=0.05))
     for i in range(30):
         sink.write([synthetic_sample(i, 16)])
     deadline = time.monotonic() + 60
@@ -637,17 +637,9 @@ def test_a_full_batch_ends_the_linger() -> None:
     sink.close()
 
 
-def test_export_stats_is_a_deprecated_name_of_delivery_stats() -> None:
-    """`ExportStats` (the name before the export/delivery vocabulary was settled) still imports
-    from where users could import it, as the same class, with a DeprecationWarning."""
-    import tito_agents.sinks
-    import tito_agents.stats
-    from tito_agents.stats import DeliveryStats
+def test_a_buffered_sink_counts_in_delivery_stats() -> None:
+    from tito_agents.config import DeliveryStats
 
-    for module in (tito_agents.sinks, tito_agents.stats):
-        with pytest.warns(DeprecationWarning, match="DeliveryStats"):
-            assert module.ExportStats is DeliveryStats
-        assert "ExportStats" not in module.__all__
     sink = BufferedSink(FlakySink())
     assert type(sink.stats) is DeliveryStats
     sink.close()

@@ -31,7 +31,7 @@ _WRITER = textwrap.dedent(
     """
     import json, resource, sys, time
     from tito_agents.errors import SinkError
-    from tito_agents.sinks.buffered import BufferedSink, RetryPolicy
+    from tito_agents.sinks.buffered import BufferedSink, Backoff
     from tito_agents.sinks.jsonl import JsonlSink
     from tito_agents.sinks.testing import synthetic_sample
 
@@ -44,7 +44,7 @@ _WRITER = textwrap.dedent(
     refused = 0
     if mode == "buffered":
         buffered = BufferedSink(
-            sink, retry=RetryPolicy(initial=0.001, maximum=0.005), linger=0, batch_size=3
+            sink, retry=Backoff(initial=0.001, maximum=0.005), linger=0, batch_size=3
         )
         for b in range(batches):
             batch = [synthetic_sample(index + i, tokens) for i in range(1 + b % 4)]

@@ -1,7 +1,7 @@
 """The optional C id parser (`tito_agents._speedups`) against the reference: a full JSON parse.
 
 The project's own installs build it (hatch_build.py with the machine's C compiler), so this suite
-requires it; `tito_agents._wire.fastpath` also has a numpy path without it, tested in test_wire.py.
+requires it; `tito_agents._capture.wire.fastpath` also has a numpy path without it, tested in test_wire.py.
 """
 
 from __future__ import annotations

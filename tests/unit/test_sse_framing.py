@@ -24,7 +24,7 @@ from openai._streaming import SSEDecoder as SdkDecoder
 
 import tito_agents as tito
 from tests.captures import BASE_URL, REAL_VLLM, Capture, load_capture
-from tito_agents._wire import SSEDecoder
+from tito_agents._capture.wire import SSEDecoder
 
 ENDINGS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
 STREAMS = [

@@ -14,7 +14,7 @@ from tests.captures import Capture, load_capture
 from tito_agents._capture import tee as tee_module
 from tito_agents._capture.pending import PendingCall
 from tito_agents._capture.tee import StreamTee
-from tito_agents._wire import ParsedChoice, ResponseParser, prepare_request
+from tito_agents._capture.wire import ParsedChoice, ResponseParser, prepare_request
 from tito_agents.calls import Endpoint
 from tito_agents.episodes import Episode
 from tito_agents.errors import CaptureError

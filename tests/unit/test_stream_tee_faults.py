@@ -15,7 +15,7 @@ import pytest
 
 import tito_agents as tito
 from tests.captures import BASE_URL, MSG, load_capture
-from tito_agents._wire.choices_parser import ChoicesParser
+from tito_agents._capture.chat.parser import ChoicesParser
 from tito_agents.errors import MalformedResponseError
 
 Edit = Callable[[Any], None]

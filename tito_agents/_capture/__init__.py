@@ -1,10 +1,20 @@
-"""The capture core shared by the sync and async transports: decide, snapshot, parse, record.
+"""Capture, in one room: everything between the agent's HTTP request and the `Call` record.
 
-Transports do only I/O; everything else happens here once: whether a request is captured, the
-request rewrite, the attribution snapshot taken at request time (`core`), response parsing (a JSON
-body, or an SSE stream watched by the `tee`) and turning parsed choices into `Call` records handed
-to the episode. `pending` is the record of a request in flight; `episode` names what capture calls
-on an episode (`CapturedEpisode`); `session_store` keeps the token-in sessions per (episode, agent).
+Where each part lives:
+
+- `transport` — the httpx / httpx2 transports and the two runners (sync, async) of the flow;
+- `flow` — the request flow as a generator of I/O steps (one implementation for sync and async);
+- `core` — `CaptureCore`: decide, rewrite, snapshot the attribution, record a `Call`; `pending`
+  (a request in flight), `tee` (the stream tee), `episode` (what capture calls on an episode),
+  `session_store` (token-in sessions per (episode, agent)), `decoders` (content decoding);
+- `wire/` — what every endpoint shares on the wire: the request rewrite, the parser interface,
+  splicing fields into the caller's bytes, the id fast path, SSE decoding;
+- one folder per endpoint family: `chat/` (chat and completions), `responses/` (the Responses
+  API), `messages/` (Anthropic Messages, served by vLLM through its chat conversion);
+- `sessions/` — token-in sessions: the sans-IO planner and what a session remembers.
+
+Nothing outside the capture layer imports these modules except the collector that wires them;
+the public surface of sessions is `tito_agents.sessions`.
 """
 
 from tito_agents._capture.core import CaptureCore

@@ -18,24 +18,24 @@ import numpy as np
 
 from tito_agents import episodes
 from tito_agents._capture.episode import CapturedEpisode
-from tito_agents._capture.messages import messages_outputs
+from tito_agents._capture.messages.relay import messages_outputs
 from tito_agents._capture.pending import PendingCall, note_routing
+from tito_agents._capture.responses.chat_view import chat_view
 from tito_agents._capture.session_store import SESSIONS, SessionStore
+from tito_agents._capture.sessions import FallbackReason, Plan, Session, SessionDecision, Turn, plan
+from tito_agents._capture.sessions import tools_key as session_tools_key
 from tito_agents._capture.tee import Decompressor, StreamTee, failed_choice, undecodable
-from tito_agents._wire import (
+from tito_agents._capture.wire import (
     ParsedChoice,
     ResponseParser,
     endpoint_for_path,
     prepare_request,
 )
-from tito_agents._wire.request import UnreadableRequest
-from tito_agents._wire.responses_chat import chat_view
-from tito_agents._wire.splice import with_token_prompt
+from tito_agents._capture.wire.request import UnreadableRequest
+from tito_agents._capture.wire.splice import with_token_prompt
 from tito_agents.calls import EMPTY_IDS, Call, CallStatus, Endpoint, SessionNote
-from tito_agents.config import CaptureSettings, CaptureStats, ErrorPolicy, OutsideEpisodePolicy
+from tito_agents.config import CollectorSettings, CollectorStats, ErrorMode, OutsideEpisodeMode
 from tito_agents.errors import CaptureError, MalformedResponseError, OutsideEpisodeError
-from tito_agents.sessions import FallbackReason, Plan, Session, SessionDecision, Turn, plan
-from tito_agents.sessions import tools_key as session_tools_key
 
 logger = logging.getLogger("tito_agents")
 
@@ -85,10 +85,10 @@ class CaptureCore:
 
     def __init__(
         self,
-        settings: CaptureSettings,
+        settings: CollectorSettings,
         processor: EpisodeProcessor,
         default_episode: Episode,
-        stats: CaptureStats,
+        stats: CollectorStats,
         vllm_hosts: frozenset[str],
         *,
         sessions: bool = False,
@@ -124,7 +124,7 @@ class CaptureCore:
         messages_options: dict[str, Any] | None = None,
     ) -> tuple[bytes | None, PendingCall] | None:
         """Decide whether to capture a request. Returns `(new_body_or_None, pending)` or None.
-        `messages_options`: the server's probed Messages conversion choices (`_flow`)."""
+        `messages_options`: the server's probed Messages conversion choices (`flow`)."""
         if method != "POST" or body is None or not self.is_vllm_host(host, port):
             return None
         endpoint = endpoint_for_path(path)
@@ -135,9 +135,9 @@ class CaptureCore:
         episode: CapturedEpisode
         if resolved is None:
             policy = settings.outside_episode
-            if policy is OutsideEpisodePolicy.IGNORE:
+            if policy is OutsideEpisodeMode.IGNORE:
                 return None
-            if policy is OutsideEpisodePolicy.ERROR:
+            if policy is OutsideEpisodeMode.ERROR:
                 raise OutsideEpisodeError(
                     "a call to a vLLM host was made outside any episode; wrap the rollout in "
                     "`with collector.episode(...)` or set outside_episode='default'"
@@ -346,7 +346,7 @@ class CaptureCore:
         incomplete: CaptureError | None = None,
     ) -> None:
         """Turn a response's parsed choices into `Call` records on the episode (once per
-        request) and report them to the next stage; raises only under `ErrorPolicy.RAISE`."""
+        request) and report them to the next stage; raises only under `ErrorMode.RAISE`."""
         if pending.finished:
             return
         pending.finished = True
@@ -423,7 +423,7 @@ class CaptureCore:
         # the processor hears of the episode itself: capture took it from `episodes` (attribution
         # or the default episode), an `Episode` that capture reads only as a `CapturedEpisode`
         self.processor.on_calls(cast("Episode", episode), calls, added)
-        raise_now = self.settings.error_policy is ErrorPolicy.RAISE and incomplete is None
+        raise_now = self.settings.errors is ErrorMode.RAISE and incomplete is None
         if first_error is not None and raise_now:
             raise first_error
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from tito_agents.calls import Call
-from tito_agents.config import CaptureSettings
+from tito_agents.config import CollectorSettings
 
 
 class CapturedEpisode(Protocol):
@@ -37,7 +37,7 @@ class CapturedEpisode(Protocol):
         ...
 
     @property
-    def settings(self) -> CaptureSettings:
+    def settings(self) -> CollectorSettings:
         """The settings of the collector that opened the episode: what its token-in sessions
         start from (`end_of_turn_id`, the tail checks shared by all its sessions)."""
         ...

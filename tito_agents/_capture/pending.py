@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tito_agents._capture.episode import CapturedEpisode
-from tito_agents._wire import (
+from tito_agents._capture.sessions import Plan, Session, SessionDecision
+from tito_agents._capture.wire import (
     RequestInfo,
 )
 from tito_agents.calls import ScoringEndpoint
-from tito_agents.sessions import Plan, Session, SessionDecision
 
 logger = logging.getLogger("tito_agents")
 
@@ -42,7 +42,7 @@ class PendingCall:
     text: e.g. a Responses request the chat conversion does not cover, server-held history)."""
     session_payload: dict[str, Any] | None = None
     """The chat request the session plans with: the request itself, or the chat conversation a
-    Responses request renders as (`_wire.responses_chat.chat_view`)."""
+    Responses request renders as (`responses.chat_view.chat_view`)."""
     scoring: ScoringEndpoint | None = None
     """Where a constrained call is re-scored at the episode's end (re-scoring on)."""
     session_ms: float | None = None

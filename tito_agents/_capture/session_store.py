@@ -13,7 +13,7 @@ import threading
 import weakref
 
 from tito_agents._capture.episode import CapturedEpisode
-from tito_agents.sessions import Session
+from tito_agents._capture.sessions import Session
 
 
 class SessionStore:

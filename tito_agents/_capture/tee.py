@@ -9,7 +9,7 @@ import time
 from typing import Protocol
 
 from tito_agents._capture.pending import PendingCall
-from tito_agents._wire import (
+from tito_agents._capture.wire import (
     ParsedChoice,
     ResponseParser,
     SSEDecoder,
@@ -125,7 +125,7 @@ class StreamTee:
         ).search
 
     def feed(self, data: bytes) -> None:
-        """Absorb one raw chunk. Raises only under `ErrorPolicy.RAISE`.
+        """Absorb one raw chunk. Raises only under `ErrorMode.RAISE`.
 
         Chunks are held (a list append) and decoded together once `HOLD_BYTES` are held, when a
         chunk may end the stream (it holds `[DONE]`, or the type of a Responses final event), and

@@ -70,7 +70,7 @@ def add_parser(subparsers: Any) -> None:
         help="send this agent's calls to this model / LoRA adapter (repeatable; docs/policies.md)",
     )
     parser.add_argument(
-        "--errors", default="episode", choices=["episode", "count", "raise"], help="ErrorPolicy"
+        "--errors", default="episode", choices=["episode", "count", "raise"], help="ErrorMode"
     )
     parser.add_argument(
         "--outside-episode",

@@ -36,7 +36,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from tito_agents._transport import http_module_of
+from tito_agents._capture.transport import http_module_of
 from tito_agents.collector import Collector
 from tito_agents.errors import TitoError
 from tito_agents.gateway._control import ControlAPI, json_response

@@ -183,7 +183,7 @@ class ControlAPI:
 
     async def policy_version(self, request: Request) -> Response:
         """The weights' label from now on: of every call, or, with `policy`, of that policy's
-        calls (`CaptureSettings.policy_versions`)."""
+        calls (`CollectorSettings.policy_versions`)."""
         body = await _json_object(request, ("policy_version", "policy"), required="policy_version")
         settings = self.registry.collector.settings
         version = _text(body, "policy_version")

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Literal
 
 from tito_agents._worker import Worker, WorkSource
+from tito_agents.config import DeliveryStats
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks.base import Sink
 from tito_agents.sinks.codec import sample_nbytes
-from tito_agents.sinks.policy import RetryPolicy, is_retryable
+from tito_agents.sinks.retry import Backoff, is_retryable
 from tito_agents.sinks.spill import SpillBatch, SpillLog
-from tito_agents.stats import DeliveryStats
 
 logger = logging.getLogger("tito_agents.sinks")
 
@@ -49,7 +49,7 @@ class Delivery:
     batch_bytes: int
     linger: float
     spill_after: float
-    retry: RetryPolicy
+    retry: Backoff
     spill_dir: Path | None
     rejected_samples: list[Sample]
     _worker: Worker[Batch]

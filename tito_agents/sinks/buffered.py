@@ -3,7 +3,7 @@
 In OpenTelemetry's terms the collector's `export.SampleProcessor` enqueues and a sink exports;
 `BufferedSink(inner)` is the queue between them that keeps the hot path off I/O: `write` only
 enqueues; its ``tito-delivery-<name>`` thread (`_worker.Worker`) hands batches to `inner`,
-retrying failures with exponential backoff and jitter (`policy.RetryPolicy`). Unlike a telemetry
+retrying failures with exponential backoff and jitter (`policy.Backoff`). Unlike a telemetry
 exporter it never drops a sample:
 
 * while the destination is down, samples wait in memory, but only for `spill_after` seconds
@@ -49,17 +49,17 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
+from tito_agents.config import DeliveryStats
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks import lifecycle
 from tito_agents.sinks._delivery import Delivery
 from tito_agents.sinks.base import Sink
 from tito_agents.sinks.codec import sample_nbytes
-from tito_agents.sinks.policy import PACE_TIMEOUT, RetryPolicy, check_buffer_options
+from tito_agents.sinks.retry import PACE_TIMEOUT, Backoff, check_buffer_options
 from tito_agents.sinks.spill import SpillLog
-from tito_agents.stats import DeliveryStats
 
-__all__ = ["BufferedSink", "RetryPolicy"]
+__all__ = ["Backoff", "BufferedSink"]
 
 logger = logging.getLogger("tito_agents.sinks")
 
@@ -98,7 +98,7 @@ class BufferedSink(Delivery, Sink):
         spill_dir: str | os.PathLike[str] | None = None,
         spill_after: float = 1.0,
         pace_after: int | None = 256,
-        retry: RetryPolicy | None = None,
+        retry: Backoff | None = None,
         block_timeout: float | None = None,
         close_timeout: float = 60.0,
         name: str | None = None,
@@ -119,7 +119,7 @@ class BufferedSink(Delivery, Sink):
         self.linger = linger
         self.spill_after = spill_after
         self.pace_after = pace_after
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or Backoff()
         self.block_timeout = block_timeout
         self.close_timeout = close_timeout
         self.stats = DeliveryStats()

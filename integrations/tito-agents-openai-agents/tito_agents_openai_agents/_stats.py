@@ -15,7 +15,7 @@ from typing import Literal
 
 import tito_agents
 from tito_agents import Collector
-from tito_agents.config import CaptureSettings
+from tito_agents.config import CollectorSettings
 from tito_agents_openai_agents._errors import UncapturedModelCallError
 
 logger = logging.getLogger("tito_agents.openai_agents")
@@ -25,7 +25,7 @@ Uncaptured = Literal["error", "count"]
 `EpisodeCaptureError` under the collector's default error policy); "count": such calls pass
 through, counted and logged once per agent."""
 
-_POLICIES: weakref.WeakKeyDictionary[CaptureSettings, Uncaptured] = weakref.WeakKeyDictionary()
+_POLICIES: weakref.WeakKeyDictionary[CollectorSettings, Uncaptured] = weakref.WeakKeyDictionary()
 """Per collector (keyed on its settings object, which its episodes carry)."""
 _WARNED: set[tuple[str | None, str]] = set()
 

@@ -2,7 +2,7 @@
 
 vLLM 0.32 converts a Messages request to a chat completion, runs it and converts the answer back
 (`vllm/entrypoints/anthropic/serving.py`). The fake does the same with the library's own
-conversion (`tito_agents._wire.messages_chat` / `messages_reply`) around its chat endpoint, so a
+conversion (`tito_agents._capture.messages.convert` / `messages_reply`) around its chat endpoint, so a
 test against the fake checks capture's plumbing (the request sent as chat, the stream relayed,
 errors passed through), not the conversion itself: the fake and capture share it. The conversion
 is checked against vLLM's own converters (tests/unit/test_messages_wire.py) and side by side
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tito_agents._wire.messages_chat import chat_request
-from tito_agents._wire.messages_reply import (
+from tito_agents._capture.messages.convert import chat_request
+from tito_agents._capture.messages.reply import (
     MessagesStream,
     ReplyError,
     error_body,

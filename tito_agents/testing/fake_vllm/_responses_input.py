@@ -7,7 +7,7 @@ message, and input items chat messages in order; function, namespace and custom 
 function tools. This module does the same for the fake server, raising the 400 vLLM answers where
 it refuses an item.
 
-Why a copy and not `tito_agents._wire.responses_chat`: the fake stands in for vLLM in the tests of
+Why a copy and not `tito_agents._capture.responses.chat_view`: the fake stands in for vLLM in the tests of
 the library's Responses capture and token-in sessions, so what it renders must follow vLLM's rules,
 not the code under test. In a session the first prompt is the fake's own render of a Responses
 request and each later prompt extends it with deltas the planner computed from `chat_view`

@@ -1,7 +1,7 @@
 """Two server-side choices of vLLM's Messages conversion, found out the way capture can ask.
 
 `to_chat_completion_request` depends on two facts vLLM works out from its chat template, which a
-client cannot read (`_wire.messages_chat` takes them as arguments):
+client cannot read (`messages.convert` takes them as arguments):
 
 * `merge_inline_system` (`_should_merge_inline_system`, decided at start-up): whether `role:
   system` messages inside `messages` (Claude Code's per-turn reminders) are merged into the leading
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tito_agents._wire.messages_chat import EFFORTS, chat_request
+from tito_agents._capture.messages.convert import EFFORTS, chat_request
 
 __all__ = [
     "MERGE_PROBE",

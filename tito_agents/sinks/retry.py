@@ -1,4 +1,4 @@
-"""What a `BufferedSink` does when delivery is slow or fails: the retry backoff (`RetryPolicy`),
+"""What a `BufferedSink` does when delivery is slow or fails: the retry backoff (`Backoff`),
 which failures are worth a retry (`is_retryable`), and the limits of its buffer, spilling and
 pacing (`check_buffer_options`, `PACE_TIMEOUT`). Plain rules apart from the buffer's mechanics,
 so they read (and are tested) on their own."""
@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from tito_agents.errors import ConfigurationError, SinkError
 
-__all__ = ["PACE_TIMEOUT", "RetryPolicy", "check_buffer_options", "is_retryable"]
+__all__ = ["PACE_TIMEOUT", "Backoff", "check_buffer_options", "is_retryable"]
 
 
 @dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class Backoff:
     """Exponential backoff with jitter: attempt k waits about `initial * multiplier**k`, capped.
 
     The actual delay is drawn uniformly from [delay * (1 - jitter), delay], so many producers that

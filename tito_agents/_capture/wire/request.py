@@ -4,7 +4,7 @@
 caller set, and records what a trainer needs to interpret the rollout (`RequestInfo.sampling`).
 It reads the fields it needs as vLLM's pydantic models do (lax mode) and gives up on a value vLLM
 would refuse (`UnreadableRequest`: the request is then sent as written, uncaptured, so the caller
-gets the server's own error); what it adds is spliced into the caller's bytes (`_wire.splice`).
+gets the server's own error); what it adds is spliced into the caller's bytes (`wire.splice`).
 Shapes: docs/vllm-wire-format.md."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from tito_agents._wire.messages_chat import chat_request
-from tito_agents._wire.messages_probe import probes_needed
-from tito_agents._wire.splice import extend_container, member_values, set_members
+from tito_agents._capture.messages.convert import chat_request
+from tito_agents._capture.messages.probe import probes_needed
+from tito_agents._capture.wire.splice import extend_container, member_values, set_members
 from tito_agents.calls import Endpoint
 
 _SAMPLING_KEYS = (
@@ -95,6 +95,16 @@ class RequestInfo:
     routed_from: Any = None
     """The `model` the caller wrote when a policy mapping sent the request to another model
     (`prepare_request(model=...)`); None when the request names the model it was sent with."""
+
+    @property
+    def scored_later(self) -> bool:
+        """Whether this call may need re-scoring at the episode's end (re-scoring on): a
+        constrained one (masked logprobs), or a Responses one that asks for logprobs (vLLM 0.32
+        leaves out those of function-call and reasoning tokens and of a stream's EOS). Capture
+        notes where to re-score such a call; export's `rescore` decides from the call itself."""
+        return self.constrained is not None or (
+            self.endpoint is Endpoint.RESPONSES and self.wants_logprobs
+        )
 
 
 _GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -233,7 +243,7 @@ def prepare_request(
     """Inspect a JSON request body and add the vLLM fields capture needs.
 
     Returns `(new_body, info)`; `new_body` is None when the body needs no change (the caller already
-    asked for ids). The added fields are spliced into the caller's bytes (`_wire.splice`): what
+    asked for ids). The added fields are spliced into the caller's bytes (`wire.splice`): what
     the caller wrote is sent byte for byte. Returns None when the request is not captured: not a
     JSON object, or the caller explicitly turned ids off (`return_token_ids: false`). Raises
     `UnreadableRequest` when a field capture reads has a value vLLM would refuse.
@@ -333,9 +343,9 @@ def _routed(
 # Anthropic Messages API
 #
 # vLLM's `/v1/messages` has no `return_token_ids`; it converts each request to a chat completion
-# (`to_chat_completion_request`). Capture sends that same conversion (`_wire.messages_chat`) to
+# (`to_chat_completion_request`). Capture sends that same conversion (`messages.convert`) to
 # `/v1/chat/completions`, where ids are added as for any chat call, and converts the answer back
-# (`_wire.messages_reply`); the call is recorded as a chat call.
+# (`messages.reply`); the call is recorded as a chat call.
 
 
 def _prepare_messages(
@@ -343,7 +353,7 @@ def _prepare_messages(
 ) -> tuple[bytes | None, RequestInfo] | None:
     """`prepare_request` for a Messages body: its chat conversion prepared as a chat request.
     `options` are the server's probed conversion choices (`merge_inline_system`,
-    `disabled_thinking_effort`; `_wire.messages_probe`); a request that needs one not known, or
+    `disabled_thinking_effort`; `messages.probe`); a request that needs one not known, or
     that the conversion leaves to the server, is `UnreadableRequest` (sent as written)."""
     missing = [name for name in probes_needed(payload) if options.get(name) is None]
     if missing:

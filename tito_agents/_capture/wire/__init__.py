@@ -4,11 +4,11 @@ interface: `choices_parser` for chat and completions, `responses_parser` for the
 both registered here), `fastpath` (id arrays parsed from the body bytes), `sse` (event-stream
 decoding). Shapes: docs/vllm-wire-format.md."""
 
-from tito_agents._wire.choices_parser import ChoicesParser
-from tito_agents._wire.request import RequestInfo, endpoint_for_path, prepare_request
-from tito_agents._wire.response import ParsedChoice, ResponseParser, to_ids
-from tito_agents._wire.responses_parser import ResponsesParser
-from tito_agents._wire.sse import SSEDecoder
+from tito_agents._capture.chat.parser import ChoicesParser
+from tito_agents._capture.responses.parser import ResponsesParser
+from tito_agents._capture.wire.request import RequestInfo, endpoint_for_path, prepare_request
+from tito_agents._capture.wire.response import ParsedChoice, ResponseParser, to_ids
+from tito_agents._capture.wire.sse import SSEDecoder
 
 __all__ = [
     "ChoicesParser",

@@ -1,7 +1,7 @@
 """vLLM 0.32's Messages answer, made from the chat completion answer it is converted from.
 
 Capture sends a Messages call to `/v1/chat/completions` as vLLM's own conversion
-(`_wire.messages_chat`); this module turns the chat answer back into what vLLM's `/v1/messages`
+(`messages.convert`); this module turns the chat answer back into what vLLM's `/v1/messages`
 answers, by the code of `AnthropicServingMessages` (vllm/entrypoints/anthropic/serving.py):
 
 * `messages_response`: a chat completion body to the Messages body (`messages_full_converter`):

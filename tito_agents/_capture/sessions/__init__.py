@@ -31,7 +31,7 @@ not one token of the served tokenizer, has no usable token: its sessions fall ba
 
 Where the template does not preserve the prefix (stock templates that drop past reasoning or an
 empty reasoning block: Qwen3, DeepSeek-R1, GLM), the call falls back with where the template
-re-renders history and what fixes it, unless the collector opted into `SessionHistoryPolicy.SAMPLED`:
+re-renders history and what fixes it, unless the collector opted into `SessionHistoryMode.SAMPLED`:
 then the model keeps its own sampled tokens in context and only the new messages are rendered (the
 whole render cut after the conversation's turn ends), noted `token_in_sampled`. The model then
 sees history the way it sampled it, not the way its template would re-render it.
@@ -41,7 +41,7 @@ Anything else falls back to normal rendering for that call, with the reason reco
 ignored the token prompt. Sampled ids are never re-encoded.
 
 Responses API requests are planned here too, as the chat conversation the server renders them as
-(`tito_agents._wire.responses_chat`: the request's `chat_view`, the response's output items as the
+(`tito_agents._capture.responses.chat_view`: the request's `chat_view`, the response's output items as the
 assistant message): one planner for both APIs.
 
 The request side is a generator (`plan`) that yields the `/tokenize` payloads it needs and receives
@@ -54,17 +54,17 @@ falls back), `planner` (the plan, in named steps). The capture layer keeps the s
 (episode, agent): `tito_agents._capture.session_store`.
 """
 
-from tito_agents.sessions.history import find_parent, same_assistant, tools_key
-from tito_agents.sessions.planner import Plan, TokenizeRequests, plan
-from tito_agents.sessions.reasons import FallbackReason
-from tito_agents.sessions.renders import (
+from tito_agents._capture.sessions.history import find_parent, same_assistant, tools_key
+from tito_agents._capture.sessions.planner import Plan, TokenizeRequests, plan
+from tito_agents._capture.sessions.reasons import FallbackReason
+from tito_agents._capture.sessions.renders import (
     END_OF_TURN_PROBES,
     TAIL_HEAD,
     TokenizeResults,
     derive_end_of_turn,
     end_of_turn_renders,
 )
-from tito_agents.sessions.state import EndOfTurn, Session, SessionDecision, TailCheck, Turn
+from tito_agents._capture.sessions.state import EndOfTurn, Session, SessionDecision, TailCheck, Turn
 
 __all__ = [
     "END_OF_TURN_PROBES",

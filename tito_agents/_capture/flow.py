@@ -3,12 +3,12 @@
 `request_flow` is a generator: it decides whether to capture a request, runs a token-in session
 plan, rewrites the request, and turns the response into what the caller gets, and whenever it
 needs I/O it yields a step (`Send`, `Tokenize`, `Fetch`, `ReadBody`, `Close`) and waits to be sent its
-result (or thrown its exception). The sync and async transports in `_transport` are two short
+result (or thrown its exception). The sync and async transports in `transport` are two short
 runners that perform the steps, so the two paths cannot drift apart (as `sessions.plan` does for
 session planning).
 
 An Anthropic Messages request (`/v1/messages`) is sent as vLLM's own chat conversion to
-`/v1/chat/completions` (`_wire.request`), recorded as a chat call, and its answer converted back
+`/v1/chat/completions` (`wire/request.py`), recorded as a chat call, and its answer converted back
 (`_messages_answer`): the caller gets what vLLM's `/v1/messages` answers. A request the conversion
 leaves to the server, or one the chat endpoint refuses, goes to `/v1/messages` as the caller wrote it.
 """
@@ -23,18 +23,17 @@ from typing import Any
 
 import orjson
 
-from tito_agents import rescore
 from tito_agents._capture import CaptureCore, PendingCall
 from tito_agents._capture.decoders import content_decoders as _content_decoders
-from tito_agents._capture.messages import COUNT_TOKENS, MessagesRelay, probe_plan
-from tito_agents._wire import endpoint_for_path
-from tito_agents._wire.messages_probe import probes_needed
-from tito_agents._wire.messages_reply import (
+from tito_agents._capture.messages.probe import probes_needed
+from tito_agents._capture.messages.relay import COUNT_TOKENS, MessagesRelay, probe_plan
+from tito_agents._capture.messages.reply import (
     ReplyError,
     encode_body,
     error_body,
     messages_response,
 )
+from tito_agents._capture.wire import endpoint_for_path
 from tito_agents.calls import Endpoint, ScoringEndpoint
 
 logger = logging.getLogger("tito_agents")
@@ -202,7 +201,7 @@ def _decide(
         return None
     new_body, pending = decision
     try:
-        if core.settings.rescore_constrained and rescore.scored_later(pending.info):
+        if core.settings.rescore_constrained and pending.info.scored_later:
             pending.scoring = _scoring_endpoint(request)
     except Exception:  # not re-scored; the call is still captured
         logger.warning("could not note where to re-score this call", exc_info=True)

@@ -16,7 +16,7 @@ system message, a string `input` one user message, and input items chat messages
 
 Token-in sessions use the same conversion on both sides of a turn: the request (`chat_view`) and
 the `output` items the server answered with (`assistant_message`), so the chat session planner
-(`tito_agents.sessions`) handles Responses calls unchanged. What the conversion does not cover
+(`tito_agents._capture.sessions`) handles Responses calls unchanged. What the conversion does not cover
 is a reason to let the server render that call (`chat_view` returns it as a string): server-held
 history, a continued final message, non-text content parts, and custom tools with their
 `custom_tool_call` items (vLLM shows them as its own single-string function shim; not planned).

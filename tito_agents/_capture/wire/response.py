@@ -7,7 +7,7 @@ body the caller gets (only the fields capture added are nulled). Shapes: docs/vl
 `choices_parser.ChoicesParser` (chat and completions: choices keyed by index, prompt ids at the
 top or per choice, delta ids per index) and `responses_parser.ResponsesParser` (the Responses API:
 one call per response, its ids in the body or the final stream event). Each names its endpoints
-when it subclasses `ResponseParser`; importing `tito_agents._wire` registers both."""
+when it subclasses `ResponseParser`; importing `tito_agents._capture.wire` registers both."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any, ClassVar, Self
 
 import orjson
 
-from tito_agents._wire.fastpath import _id_array
-from tito_agents._wire.request import RequestInfo
+from tito_agents._capture.wire.fastpath import _id_array
+from tito_agents._capture.wire.request import RequestInfo
 from tito_agents.calls import Endpoint, IdArray, LogprobArray
 from tito_agents.errors import CaptureError, MalformedResponseError
 

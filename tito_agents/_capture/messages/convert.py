@@ -6,7 +6,7 @@ vLLM's `/v1/messages` has no `return_token_ids`: it validates the body as
 then runs the chat completion and converts the answer back. Capture takes the same road one step
 earlier: it sends vLLM's own conversion to `/v1/chat/completions` (where `prepare_request` adds
 `return_token_ids`, so the ids are exact and the chat parser records the call), and converts the
-chat answer back with `_wire.messages_reply`, which mirrors vLLM's converters. The engine sees the
+chat answer back with `messages.reply`, which mirrors vLLM's converters. The engine sees the
 same chat request either way, so the caller's view equals what `/v1/messages` would have answered.
 (The alternative, `/v1/messages/render` then token-in, needs `--enable-scale-out` and a second
 conversion of the answer; this one needs nothing but the chat endpoint.)
@@ -39,7 +39,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tito_agents._wire.messages_check import (
+from tito_agents._capture.messages.check import (
     TOOL_CHANGES,
     Refused,
     check_blocks,
@@ -83,7 +83,7 @@ def chat_request(
     request `payload`, or why capture leaves the request to `/v1/messages`.
 
     `merge_inline_system` and `disabled_thinking_effort` are the server's own probes of its chat
-    template (`_should_merge_inline_system`, `_get_disabled_thinking_effort`; `_wire.messages_probe`
+    template (`_should_merge_inline_system`, `_get_disabled_thinking_effort`; `messages.probe`
     finds them out); the defaults are `to_chat_completion_request`'s."""
     if not isinstance(payload, Mapping):
         return "the request body is not a JSON object"

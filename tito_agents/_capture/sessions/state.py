@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tito_agents._capture.sessions.reasons import FallbackReason
 from tito_agents.calls import IdArray, SessionNote
-from tito_agents.sessions.reasons import FallbackReason
 
 
 @dataclass(slots=True)
@@ -64,7 +64,7 @@ class TailCheck:
     `ends_before`: how many end-of-turn tokens precede the delta in the short tail render, or None
     where the short render does not give the same delta (the whole conversation is rendered then).
     `preserves_prefix`: False where the template re-renders earlier turns once these messages are
-    appended; `reason` then says how and what fixes it (token-in only with `SessionHistoryPolicy.SAMPLED`).
+    appended; `reason` then says how and what fixes it (token-in only with `SessionHistoryMode.SAMPLED`).
     """
 
     ends_before: int | None

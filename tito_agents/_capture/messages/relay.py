@@ -2,9 +2,9 @@
 conversion choices, and the relay that turns the chat stream the engine answers into the Messages
 events vLLM's `/v1/messages` sends.
 
-A Messages request is sent as vLLM's own chat conversion (`_wire.messages_chat`), so the chat
+A Messages request is sent as vLLM's own chat conversion (`messages.convert`), so the chat
 tee records the call with exact ids. Two choices of that conversion are the server's own
-(`_wire.messages_probe`): `probe_plan` asks the server once per (server, model), only when a request
+(`messages.probe`): `probe_plan` asks the server once per (server, model), only when a request
 depends on one, by the requests it yields (`Ask`: a path and a JSON body; the flow sends them and
 sends back each `(status, body)`, None where it failed). The relay reads the chat stream's bytes as
 they pass to the caller and hands the caller the Messages events they make, as they arrive.
@@ -17,15 +17,15 @@ from typing import Any, Protocol
 
 import orjson
 
-from tito_agents._wire import ParsedChoice
-from tito_agents._wire.messages_probe import (
+from tito_agents._capture.messages.probe import (
     disabled_effort_from,
     effort_probes,
     merge_from_counts,
     merge_probe,
 )
-from tito_agents._wire.messages_reply import MessagesStream, encode_event
-from tito_agents._wire.sse import SSEDecoder
+from tito_agents._capture.messages.reply import MessagesStream, encode_event
+from tito_agents._capture.wire import ParsedChoice
+from tito_agents._capture.wire.sse import SSEDecoder
 
 __all__ = [
     "COUNT_TOKENS",
@@ -50,7 +50,7 @@ ProbePlan = Generator[list[Ask], Sequence[Answer], dict[str, Any]]
 
 def probe_plan(model: str, needed: list[str]) -> ProbePlan:
     """Find out the choices `needed` (`messages_probe.PROBES` names) of the server for `model`,
-    as vLLM works them out (`_wire.messages_probe`); a choice the answers do not decide is None."""
+    as vLLM works them out (`messages.probe`); a choice the answers do not decide is None."""
     options: dict[str, Any] = {}
     if "merge_inline_system" in needed:
         count, merged, unmerged = merge_probe(model)

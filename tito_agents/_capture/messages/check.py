@@ -1,4 +1,4 @@
-"""What vLLM 0.32's `AnthropicMessagesRequest` accepts, read strictly (for `_wire.messages_chat`).
+"""What vLLM 0.32's `AnthropicMessagesRequest` accepts, read strictly (for `messages.convert`).
 
 vLLM validates a `/v1/messages` body with pydantic (vllm/entrypoints/anthropic/protocol.py) and
 answers a refused one in its OpenAI error shape (`validation_exception_handler`), with pydantic's

@@ -3,7 +3,7 @@
 This is the only module that touches an httpx-family library's transport interface. The two
 libraries share it, so the classes are built once per library by `transport_classes(module)`. Each
 transport holds the real inner transport and adds one concern: capturing POSTs to vLLM-marked
-hosts. What happens to a request is `_flow.request_flow`, written once without I/O; the sync and
+hosts. What happens to a request is `flow.request_flow`, written once without I/O; the sync and
 async transports only run it, each performing the I/O steps its way.
 """
 
@@ -18,8 +18,7 @@ from typing import Any
 import anyio
 
 from tito_agents._capture import CaptureCore, StreamTee
-from tito_agents._capture.messages import MessagesRelay
-from tito_agents._flow import (
+from tito_agents._capture.flow import (
     Close,
     Fetch,
     Flow,
@@ -30,6 +29,7 @@ from tito_agents._flow import (
     request_flow,
     tokens_of,
 )
+from tito_agents._capture.messages.relay import MessagesRelay
 
 logger = logging.getLogger("tito_agents")
 

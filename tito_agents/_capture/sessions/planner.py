@@ -15,11 +15,9 @@ from typing import Any, NoReturn
 import numpy as np
 import orjson
 
-from tito_agents.calls import IdArray, SessionNote
-from tito_agents.config import SessionHistoryPolicy
-from tito_agents.sessions.history import find_parent, tools_key
-from tito_agents.sessions.reasons import FallbackReason
-from tito_agents.sessions.renders import (
+from tito_agents._capture.sessions.history import find_parent, tools_key
+from tito_agents._capture.sessions.reasons import FallbackReason
+from tito_agents._capture.sessions.renders import (
     TAIL_HEAD,
     TokenizeResults,
     derive_end_of_turn,
@@ -27,7 +25,9 @@ from tito_agents.sessions.renders import (
     not_preserved,
     tail_ends_before,
 )
-from tito_agents.sessions.state import Session, SessionDecision, TailCheck, Turn
+from tito_agents._capture.sessions.state import Session, SessionDecision, TailCheck, Turn
+from tito_agents.calls import IdArray, SessionNote
+from tito_agents.config import SessionHistoryMode
 
 TokenizeRequests = list[dict[str, Any]]
 Plan = Generator[TokenizeRequests, TokenizeResults, SessionDecision]
@@ -42,7 +42,7 @@ def plan(
     session: Session,
     payload: dict[str, Any],
     server: str = "",
-    history: SessionHistoryPolicy = SessionHistoryPolicy.TEMPLATE,
+    history: SessionHistoryMode = SessionHistoryMode.TEMPLATE,
 ) -> Plan:
     """Decide the token prompt of a chat request in session mode (see `tito_agents.sessions`).
 
@@ -58,7 +58,7 @@ def plan(
 
 
 def _plan(
-    session: Session, payload: dict[str, Any], server: str, history: SessionHistoryPolicy
+    session: Session, payload: dict[str, Any], server: str, history: SessionHistoryMode
 ) -> Plan:
     """The steps in order: what the request and the session allow, the renders, the new tokens,
     the token prompt. A step that finds the server must render the request raises `_FallBack`."""
@@ -192,16 +192,14 @@ class _Append:
         )
 
 
-def _known_kind(
-    session: Session, append: _Append, history: SessionHistoryPolicy
-) -> TailCheck | None:
+def _known_kind(session: Session, append: _Append, history: SessionHistoryMode) -> TailCheck | None:
     """What an earlier check of this kind of tail found (None: not checked yet); a kind whose
     template re-renders the history falls back at once unless sampled history is kept."""
     checked = session.verified.get(append.shape)
     if (
         checked is not None
         and not checked.preserves_prefix
-        and history is SessionHistoryPolicy.TEMPLATE
+        and history is SessionHistoryMode.TEMPLATE
     ):
         cause = FallbackReason.PREFIX_NOT_PRESERVED
         raise _FallBack(SessionDecision(None, SessionNote.FALLBACK, checked.reason, cause))
@@ -284,7 +282,7 @@ def _delta_of_first_check(
     append: _Append,
     results: TokenizeResults,
     ends: _TurnEnds,
-    history: SessionHistoryPolicy,
+    history: SessionHistoryMode,
 ) -> tuple[IdArray, bool]:
     """The new tokens from the first check's renders (the whole render past the previous
     assistant turn), and whether the template preserved the prefix; what was found is kept for
@@ -331,11 +329,11 @@ def _delta_keeping_sampled(
     whole: IdArray,
     ends: _TurnEnds,
     reason: str,
-    history: SessionHistoryPolicy,
+    history: SessionHistoryMode,
 ) -> IdArray:
     """Where the template re-renders the history: fall back (and remember the kind), or, with
-    `SessionHistoryPolicy.SAMPLED`, the whole render cut after the conversation's turn ends."""
-    if history is SessionHistoryPolicy.TEMPLATE:
+    `SessionHistoryMode.SAMPLED`, the whole render cut after the conversation's turn ends."""
+    if history is SessionHistoryMode.TEMPLATE:
         with session.lock:
             session.verified[append.shape] = TailCheck(None, False, reason)
         cause = FallbackReason.PREFIX_NOT_PRESERVED

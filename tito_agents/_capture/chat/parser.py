@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tito_agents._wire.fastpath import _BodySegments, _FallBack
-from tito_agents._wire.request import RequestInfo
-from tito_agents._wire.response import ParsedChoice, ResponseParser, to_ids
+from tito_agents._capture.wire.fastpath import _BodySegments, _FallBack
+from tito_agents._capture.wire.request import RequestInfo
+from tito_agents._capture.wire.response import ParsedChoice, ResponseParser, to_ids
 from tito_agents.calls import Endpoint, IdArray, LogprobArray
 from tito_agents.errors import (
     CaptureError,

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from tito_agents.sessions.state import Session, Turn
+from tito_agents._capture.sessions.state import Session, Turn
 
 
 def tools_key(payload: Mapping[str, Any]) -> bytes:

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tito_agents._wire.request import RequestInfo
-from tito_agents._wire.response import ParsedChoice, ResponseParser, to_ids
-from tito_agents._wire.responses_chat import assistant_message
+from tito_agents._capture.responses.chat_view import assistant_message
+from tito_agents._capture.wire.request import RequestInfo
+from tito_agents._capture.wire.response import ParsedChoice, ResponseParser, to_ids
 from tito_agents.calls import Endpoint, IdArray
 from tito_agents.errors import (
     CaptureError,

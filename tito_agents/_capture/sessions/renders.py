@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from tito_agents._capture.sessions.reasons import FallbackReason
+from tito_agents._capture.sessions.state import EndOfTurn
 from tito_agents.calls import IdArray
-from tito_agents.sessions.reasons import FallbackReason
-from tito_agents.sessions.state import EndOfTurn
 
 TokenizeResults = list[list[int] | None]
 """What the transport hands back for a plan's `/tokenize` payloads: token lists, None on failure."""

@@ -15,6 +15,7 @@ import pytest
 
 import tito_agents as tito
 from tests.support.sessions_fake import extends, make_client, recording_hook, responder
+from tito_agents._capture.sessions import TAIL_HEAD
 from tito_agents.calls import SessionNote
 from tito_agents.sessions import FallbackReason
 from tito_agents.testing import captured_samples
@@ -367,7 +368,7 @@ def test_checked_tail_kinds_need_only_the_short_render(drift_fake: FakeVLLM) -> 
     assert per_call == [0, 6, 3, 1]
     assert [c.session for c in calls[1:]] == [SessionNote.TOKEN_IN] * 3
     short = asks[-1]
-    assert short["messages"][0] == tito.sessions.TAIL_HEAD and "tools" not in short
+    assert short["messages"][0] == TAIL_HEAD and "tools" not in short
     assert short["messages"][1]["role"] == "assistant" and len(short["messages"]) == 3
     for prev, nxt in itertools.pairwise(calls):
         assert extends(prev, nxt), nxt.session_reason

@@ -15,6 +15,7 @@ import pytest
 
 import tito_agents as tito
 from tests.support.sessions_fake import extends, make_client, recording_hook
+from tito_agents._capture.sessions import END_OF_TURN_PROBES
 from tito_agents.calls import SessionNote
 from tito_agents.sessions import FallbackReason
 from tito_agents.testing import captured_samples
@@ -97,7 +98,7 @@ def test_end_of_turn_is_derived_once_per_server_and_model() -> None:
     fake = fake_with(CHATML)
     asks: list[dict[str, Any]] = []
     chat(fake, collector, asks=asks)
-    probes = [a for a in asks if a["messages"][-1]["content"] in tito.sessions.END_OF_TURN_PROBES]
+    probes = [a for a in asks if a["messages"][-1]["content"] in END_OF_TURN_PROBES]
     assert len(probes) == 3 and probes[0]["messages"][0] == {
         "role": "system",
         "content": "Be brief.",

@@ -104,7 +104,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "sampling",
             "errors",
             "token_codec",
-            "_paths",
+            "_state_dirs",
             "_speedups",
             "_worker",
             "_values",

@@ -12,7 +12,7 @@ import pytest
 
 import tito_agents as tito
 from tests.captures import Replay, load_capture, replay_clients, run_sync
-from tito_agents import _paths
+from tito_agents import _state_dirs
 from tito_agents.cli.serve import TOKEN_ENV, control_token
 from tito_agents.samples import Sample
 from tito_agents.sinks import BufferedSink, MemorySink, Sink
@@ -36,10 +36,10 @@ def test_the_state_root_is_tito_cache_dir_or_the_home_cache(
     cache (SmolLM2) uses the same root."""
     monkeypatch.delenv("TITO_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert _paths.state_root() == tmp_path / "home" / ".cache" / "tito-agents"
+    assert _state_dirs.state_root() == tmp_path / "home" / ".cache" / "tito-agents"
     monkeypatch.setenv("TITO_CACHE_DIR", "~/state")
-    assert _paths.state_root() == tmp_path / "home" / "state"
-    assert smollm2.cache_root() == _paths.state_root()
+    assert _state_dirs.state_root() == tmp_path / "home" / "state"
+    assert smollm2.cache_root() == _state_dirs.state_root()
 
 
 def test_spill_folders_live_under_the_state_root_unless_tito_spill_dir_says_otherwise(
@@ -140,7 +140,7 @@ def test_gateway_journal_and_token_live_under_the_state_root(
     """The gateway's default journal and control-token file are under the state root; the token
     file is made there (mode 0600) when missing, and read back next time."""
     monkeypatch.delenv(TOKEN_ENV, raising=False)
-    assert _paths.gateway_journal_path(8100) == cache / "gateway-8100.journal"
+    assert _state_dirs.gateway_journal_path(8100) == cache / "gateway-8100.journal"
     token = control_token(None, 8100)
     path = cache / "gateway-8100.token"
     assert path.read_text().strip() == token and path.stat().st_mode & 0o777 == 0o600

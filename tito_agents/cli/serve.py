@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tito_agents._paths import gateway_journal_path, gateway_token_path
+from tito_agents._state_dirs import gateway_journal_path, gateway_token_path
 from tito_agents.cli._errors import EXIT_OK, CliInputError
 
 TOKEN_ENV = "TITO_GATEWAY_TOKEN"

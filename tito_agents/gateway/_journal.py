@@ -7,7 +7,7 @@ file reports them: one JSON line per open and per close, appended (no fsync: a p
 keeps what the kernel has; a torn last line is skipped). At start the file is read, the episodes
 opened and never closed become *lost*, and the file is rewritten holding only those, so it stays
 as small as the number of open and lost episodes. Default location (`tito-agents serve`):
-`tito_agents._paths.gateway_journal_path`, under the state root ``$TITO_CACHE_DIR``.
+`tito_agents._state_dirs.gateway_journal_path`, under the state root ``$TITO_CACHE_DIR``.
 """
 
 from __future__ import annotations

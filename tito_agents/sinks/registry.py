@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from tito_agents._paths import spill_root
+from tito_agents._state_dirs import spill_root
 from tito_agents.errors import ConfigurationError
 from tito_agents.sinks.base import MemorySink, Sink
 from tito_agents.sinks.buffered import BufferedSink
@@ -152,7 +152,7 @@ def open_sink(
 
 def default_spill_dir(destination: str) -> Path:
     """``<spill root>/<destination>``: ``$TITO_SPILL_DIR``, else ``<state root>/spill``, the state
-    root being ``$TITO_CACHE_DIR`` (default ``~/.cache/tito-agents``, see `tito_agents._paths`);
+    root being ``$TITO_CACHE_DIR`` (default ``~/.cache/tito-agents``, see `tito_agents._state_dirs`);
     the name is made filesystem-safe. Not created here: the spill log makes it on first spill."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", destination).strip("_") or "sink"
     if len(safe) > 120:  # a long destination keeps a folder of its own

@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tito_agents._paths import state_root
+from tito_agents._state_dirs import state_root
 from tito_agents.errors import ConfigurationError
 
 __all__ = [
@@ -67,7 +67,7 @@ class SmolLM2Unavailable(ConfigurationError, RuntimeError):
 
 
 def cache_root() -> Path:
-    """Where tito-agents caches converted artefacts: the state root (`tito_agents._paths`),
+    """Where tito-agents caches converted artefacts: the state root (`tito_agents._state_dirs`),
     `$TITO_CACHE_DIR` or `~/.cache/tito-agents`."""
     return state_root()
 

@@ -9,7 +9,7 @@ Routes:
 * `/control/...`: the control API (`_control`), behind its own token;
 * `/healthz`: liveness, no token, nothing about episodes beyond a count.
 
-Only the model routes of `_paths.MODEL_ROUTES` are forwarded under `v1/` (chat/completions,
+Only the model routes of `_routes.MODEL_ROUTES` are forwarded under `v1/` (chat/completions,
 completions, responses, models), decided on the raw path before anything decodes it; which of
 them are captured is the capture core's decision, not the gateway's. Every error the gateway
 answers itself is in vLLM's JSON shape, an internal failure included (a 500, logged with its
@@ -51,8 +51,8 @@ from tito_agents.gateway._forward import (
     response_headers,
 )
 from tito_agents.gateway._journal import Journal
-from tito_agents.gateway._paths import ModelCall, Refused, check_query, check_raw_path, model_call
 from tito_agents.gateway._registry import OpenEpisode, Registry, RegistryError
+from tito_agents.gateway._routes import ModelCall, Refused, check_query, check_raw_path, model_call
 from tito_agents.integration import Attribution, register_resolver
 
 T = TypeVar("T")
@@ -258,7 +258,7 @@ class Gateway:
 
 
 class GatewayApp:
-    """The gateway's ASGI application: every request's raw path is checked first (`_paths`);
+    """The gateway's ASGI application: every request's raw path is checked first (`_routes`);
     model calls on the allow-list are forwarded, the rest is the control API and `/healthz`
     (Starlette), and whatever fails inside is answered as a vLLM-shaped 500 and logged with
     its cause, never as a bare one."""

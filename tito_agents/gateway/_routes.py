@@ -11,7 +11,7 @@ outside the list with 404, a listed path with another method with 405. What goes
 `/v1/` and the listed route as received (plain ASCII), never a decoded form, so no later
 normalization (httpx removes dot segments) can turn it into another route.
 
-Pure: no I/O, tested with literals (`tests/unit/test_gateway_paths.py`).
+Pure: no I/O, tested with literals (`tests/unit/test_gateway_routes.py`).
 """
 
 from __future__ import annotations

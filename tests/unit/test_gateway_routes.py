@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tito_agents.gateway._paths import (
+from tito_agents.gateway._routes import (
     MAX_PATH_BYTES,
     MODEL_ROUTES,
     ModelCall,

@@ -40,8 +40,8 @@ from typing import Any
 from tito_agents.samples import Sample
 from tito_agents.sinks.base import Sink
 from tito_agents.sinks.buffered import BufferedSink
+from tito_agents.sinks.harness import LocalRedisServer, synthetic_sample
 from tito_agents.sinks.registry import open_sink
-from tito_agents.sinks.testing import LocalRedisServer, synthetic_sample
 
 P99_TARGET = 1.0
 

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from tito_agents.samples import Sample
+from tito_agents.sinks.harness import LocalRedisServer, synthetic_sample
 from tito_agents.sinks.jsonl import JsonlSink
-from tito_agents.sinks.testing import LocalRedisServer, synthetic_sample
 
 BATCH = 64
 SIZES = {8192: 384, 65536: 96}  # tokens per sample -> samples per round

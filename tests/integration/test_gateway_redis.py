@@ -21,8 +21,8 @@ if shutil.which("redis-server") is None:
     )
 
 from tests.support.redis_reading import drain
+from tito_agents.sinks.harness import LocalRedisServer
 from tito_agents.sinks.redis_streams import RedisStreamReader
-from tito_agents.sinks.testing import LocalRedisServer
 
 
 @pytest.fixture(scope="module")

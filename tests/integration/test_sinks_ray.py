@@ -15,8 +15,8 @@ import pytest
 
 from tito_agents.samples import Sample
 from tito_agents.sinks.buffered import BufferedSink
+from tito_agents.sinks.harness import synthetic_sample
 from tito_agents.sinks.registry import open_sink
-from tito_agents.sinks.testing import synthetic_sample
 
 ray = pytest.importorskip("ray", reason="Ray not installed (pip install ray)")
 
@@ -131,7 +131,7 @@ _PRODUCER = textwrap.dedent(
     import os, sys
     import ray
     from tito_agents.sinks.ray_queue import RaySink
-    from tito_agents.sinks.testing import synthetic_sample
+    from tito_agents.sinks.harness import synthetic_sample
     address, name, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     ray.init(address=address, log_to_driver=False)
     sink = RaySink(name, namespace="tito-tests", batch_size=8,

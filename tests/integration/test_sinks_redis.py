@@ -14,8 +14,8 @@ from tests.support.redis_reading import drain, wait_for
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks.buffered import Backoff, BufferedSink
+from tito_agents.sinks.harness import LocalRedisServer, free_port, synthetic_sample
 from tito_agents.sinks.registry import open_sink
-from tito_agents.sinks.testing import LocalRedisServer, free_port, synthetic_sample
 
 pytest.importorskip("redis", reason="redis-py not installed (pip install redis)")
 if shutil.which("redis-server") is None:

@@ -22,7 +22,7 @@ import pytest
 
 from tito_agents.errors import ConfigurationError, SinkError
 from tito_agents.samples import Sample
-from tito_agents.sinks.testing import LocalRedisServer, synthetic_sample
+from tito_agents.sinks.harness import LocalRedisServer, synthetic_sample
 
 pytest.importorskip("redis", reason="redis-py not installed (pip install redis)")
 if shutil.which("redis-server") is None:

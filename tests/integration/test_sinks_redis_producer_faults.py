@@ -20,8 +20,8 @@ import pytest
 
 from tito_agents.errors import SinkError
 from tito_agents.sinks.buffered import Backoff, BufferedSink
+from tito_agents.sinks.harness import LocalRedisServer
 from tito_agents.sinks.registry import open_sink
-from tito_agents.sinks.testing import LocalRedisServer
 
 pytest.importorskip("redis", reason="redis-py not installed (pip install redis)")
 if shutil.which("redis-server") is None:
@@ -40,7 +40,7 @@ PRODUCER = textwrap.dedent(
     import sys, time
     from tito_agents.sinks.buffered import Backoff
     from tito_agents.sinks.registry import open_sink
-    from tito_agents.sinks.testing import synthetic_sample
+    from tito_agents.sinks.harness import synthetic_sample
 
     url, stream, spill, name, count, acks, window = sys.argv[1:8]
     sink = open_sink(f"{url}?stream={stream}&spill_after={window}", spill_dir=spill)

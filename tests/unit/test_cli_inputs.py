@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli_samples import run_cli, write_samples
-from tito_agents.sinks.testing import synthetic_sample
+from tito_agents.sinks.harness import synthetic_sample
 from tito_agents.testing.smollm2 import tokenizer_dir
 
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import orjson
 import pytest
+from tito_agents.cli.sources import open_samples
 
 from tests.support.cli_samples import merged_episode, run_cli, write_samples
 from tito_agents import __version__
 from tito_agents.cli._errors import CliInputError
 from tito_agents.cli.main import build_parser
 from tito_agents.cli.show import find_sample, locate
-from tito_agents.cli.sources import open_samples
 from tito_agents.samples import Sample
 from tito_agents.sinks.jsonl import encode_sample
 from tito_agents.testing.smollm2 import TOOLS_TEMPLATE_PATH, tokenizer_dir
@@ -179,7 +179,7 @@ def test_show_index_parses_only_what_it_shows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`show --index N` on per-call samples builds one sample, not N (the cost of the old 7 s)."""
-    from tito_agents.sinks.testing import synthetic_sample
+    from tito_agents.sinks.harness import synthetic_sample
 
     path = write_samples(tmp_path / "big.jsonl", [synthetic_sample(i) for i in range(400)])
     built: list[str] = []

@@ -16,7 +16,7 @@ from tito_agents.calls import Call
 from tito_agents.samples import CallSpan, Sample
 from tito_agents.sinks import JsonlSink, RotatingFileSink, read_file_samples, read_samples
 from tito_agents.sinks.codec import decode_fields, decode_frame, encode_fields, encode_frame
-from tito_agents.sinks.testing import synthetic_sample
+from tito_agents.sinks.harness import synthetic_sample
 
 
 def flagged(index: int, *, policy: bool = True) -> Sample:

@@ -21,7 +21,7 @@ from tito_agents.samples import Sample
 from tito_agents.sinks.base import Sink
 from tito_agents.sinks.buffered import Backoff, BufferedSink
 from tito_agents.sinks.files import RotatingFileSink, read_file_samples
-from tito_agents.sinks.testing import synthetic_sample
+from tito_agents.sinks.harness import synthetic_sample
 
 FAST = Backoff(initial=0.005, maximum=0.02)
 
@@ -277,7 +277,7 @@ _EXIT_WITHOUT_CLOSE = textwrap.dedent(
     import sys
     from tito_agents.sinks.buffered import BufferedSink
     from tito_agents.sinks.jsonl import JsonlSink
-    from tito_agents.sinks.testing import synthetic_sample
+    from tito_agents.sinks.harness import synthetic_sample
     sink = BufferedSink(JsonlSink(sys.argv[1]), linger=60.0, batch_size=1000)
     sink.write([synthetic_sample(100, 16)])
     sink.flush()  # a delivery just now: the next write lingers (60 s) and is pending at exit
@@ -306,7 +306,7 @@ _EXIT_NESTED = textwrap.dedent(
     import sys
     from tito_agents.sinks.buffered import BufferedSink
     from tito_agents.sinks.files import RotatingFileSink
-    from tito_agents.sinks.testing import synthetic_sample
+    from tito_agents.sinks.harness import synthetic_sample
     files = RotatingFileSink(sys.argv[1])
     sink = BufferedSink(files, linger=60.0, batch_size=1000)
     sink.write([synthetic_sample(100, 16)])
@@ -335,7 +335,7 @@ _CRASH_WHILE_DOWN = textwrap.dedent(
     from tito_agents.errors import SinkError
     from tito_agents.sinks.base import Sink
     from tito_agents.sinks.buffered import BufferedSink, Backoff
-    from tito_agents.sinks.testing import synthetic_sample
+    from tito_agents.sinks.harness import synthetic_sample
 
     class Down(Sink):
         def write(self, samples):
@@ -524,7 +524,7 @@ _KILLED_MID_OUTAGE = textwrap.dedent(
     from tito_agents.errors import SinkError
     from tito_agents.sinks.base import Sink
     from tito_agents.sinks.buffered import BufferedSink, Backoff
-    from tito_agents.sinks.testing import synthetic_sample
+    from tito_agents.sinks.harness import synthetic_sample
 
     class Down(Sink):
         def write(self, samples):

@@ -12,8 +12,8 @@ from tito_agents.errors import SampleFormatError
 from tito_agents.samples import Sample
 from tito_agents.sinks.codec import decode_frame, encode_frame
 from tito_agents.sinks.dedupe import SampleDeduper
+from tito_agents.sinks.harness import synthetic_sample
 from tito_agents.sinks.spill import SpillLog, iter_spill_file
-from tito_agents.sinks.testing import synthetic_sample
 
 
 def assert_same(a: Sample, b: Sample) -> None:

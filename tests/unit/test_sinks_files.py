@@ -24,7 +24,7 @@ from tito_agents.sinks.files import (
     read_file_table,
     recover_parts,
 )
-from tito_agents.sinks.testing import synthetic_sample
+from tito_agents.sinks.harness import synthetic_sample
 
 FORMATS = ["samples.parquet", "samples.arrow", "samples.jsonl"]
 
@@ -109,7 +109,7 @@ _CRASH = textwrap.dedent(
     """
     import os, sys
     from tito_agents.sinks.files import RotatingFileSink
-    from tito_agents.sinks.testing import synthetic_sample
+    from tito_agents.sinks.harness import synthetic_sample
     sink = RotatingFileSink(sys.argv[1], max_file_samples=int(sys.argv[2]))
     for i in range(int(sys.argv[3])):
         sink.write([synthetic_sample(i, 128)])

@@ -22,8 +22,8 @@ import pytest
 from tito_agents.cli.main import main as cli_main
 from tito_agents.errors import SinkError
 from tito_agents.sinks.buffered import BufferedSink
+from tito_agents.sinks.harness import synthetic_sample
 from tito_agents.sinks.jsonl import JsonlSink, encode_sample, read_samples
-from tito_agents.sinks.testing import synthetic_sample
 
 # A child that writes batches of samples and prints the ids of each acknowledged batch.
 # argv: path, first index, batches, tokens per sample, file-size limit (0: none), mode.
@@ -33,7 +33,7 @@ _WRITER = textwrap.dedent(
     from tito_agents.errors import SinkError
     from tito_agents.sinks.buffered import BufferedSink, Backoff
     from tito_agents.sinks.jsonl import JsonlSink
-    from tito_agents.sinks.testing import synthetic_sample
+    from tito_agents.sinks.harness import synthetic_sample
 
     path, first, batches, tokens, limit, mode = sys.argv[1:7]
     first, batches, tokens, limit = int(first), int(batches), int(tokens), int(limit)

@@ -10,8 +10,8 @@ import pytest
 
 from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
+from tito_agents.sinks.harness import synthetic_sample
 from tito_agents.sinks.queue import AsyncQueueSink
-from tito_agents.sinks.testing import synthetic_sample
 
 
 def make(n: int, start: int = 0) -> list[Sample]:

@@ -13,10 +13,10 @@ from tito_agents.errors import ConfigurationError
 from tito_agents.sinks.base import MemorySink
 from tito_agents.sinks.buffered import BufferedSink
 from tito_agents.sinks.files import RotatingFileSink, read_file_samples
+from tito_agents.sinks.harness import synthetic_sample
 from tito_agents.sinks.jsonl import JsonlSink, read_samples
 from tito_agents.sinks.queue import AsyncQueueSink
 from tito_agents.sinks.registry import default_spill_dir, open_sink
-from tito_agents.sinks.testing import synthetic_sample
 
 
 def test_paths_pick_file_sinks(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from tito_agents import _state_dirs
 from tito_agents.cli.serve import TOKEN_ENV, control_token
 from tito_agents.samples import Sample
 from tito_agents.sinks import BufferedSink, MemorySink, Sink
+from tito_agents.sinks.harness import synthetic_sample
 from tito_agents.sinks.registry import default_spill_dir
-from tito_agents.sinks.testing import synthetic_sample
 from tito_agents.testing import smollm2
 
 

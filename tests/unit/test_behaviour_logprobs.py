@@ -25,7 +25,9 @@ from tito_agents.convert.behaviour import (
     TokenSampling,
     behaviour_logprobs,
     behaviour_logprobs_torch,
+    needs_behaviour_logprobs,
 )
+from tito_agents.sinks.harness import synthetic_sample
 
 torch = pytest.importorskip("torch")
 
@@ -382,3 +384,23 @@ def test_shape_and_id_errors() -> None:
         behaviour_logprobs(logits, [0, 1, 5], SamplingParams())
     with pytest.raises(ValueError, match="one length"):
         TokenSampling(np.ones(3), np.ones(3), np.zeros(2), np.zeros(3))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("params", "needed"),
+    [
+        (None, False),  # a span that does not say how it was sampled
+        (SamplingParams(), False),
+        (SamplingParams(temperature=0.7), True),
+        (SamplingParams(top_k=5), True),
+        (SamplingParams(top_p=0.9), True),
+        (SamplingParams(min_p=0.1), True),
+    ],
+)
+def test_samples_need_behaviour_logprobs_only_when_a_span_was_tempered_or_truncated(
+    params: SamplingParams | None, needed: bool
+) -> None:
+    plain, sample = synthetic_sample(0), synthetic_sample(1)
+    sample.spans[0].sampling = params
+    assert needs_behaviour_logprobs([plain, sample]) is needed
+    assert needs_behaviour_logprobs([plain]) is False

@@ -10,7 +10,8 @@ installed); the samples are never modified and stay unshifted.
     packed = pack_batch(samples, advantages=group_advantages(samples))
 
 Behaviour logprobs (`behaviour_logprobs`): a sampled token's logprob under the distribution the
-engine sampled from (temperature, min-p, top-k, top-p as vLLM applies them).
+engine sampled from (temperature, min-p, top-k, top-p as vLLM applies them), needed wherever a span
+was sampled tempered or truncated (`needs_behaviour_logprobs`).
 
 See docs/converters.md for every field and where each token, mask bit and logprob lands.
 """
@@ -39,6 +40,7 @@ from tito_agents.convert.behaviour import (
     TokenSampling,
     behaviour_logprobs,
     behaviour_logprobs_torch,
+    needs_behaviour_logprobs,
 )
 from tito_agents.convert.packing import PackedBatch, pack_batch, pack_batches
 from tito_agents.convert.trl import (
@@ -67,6 +69,7 @@ __all__ = [
     "check_generation_blocks",
     "group_advantages",
     "group_key",
+    "needs_behaviour_logprobs",
     "pack_batch",
     "pack_batches",
     "pad_batch",

@@ -3,8 +3,8 @@
 What a trainer needs to compute behaviour logprobs (`behaviour_logprobs` with a `TokenSampling`)
 on a batch: each token's temperature, top_p, top_k and min_p, from its span's `CallSpan.sampling`
 (`TokenSampling.of_sample`), neutral values (1.0, 1.0, 0, 0.0) on context, padding and spans that
-do not say. Present in a batch only when some span was tempered or truncated: plain batches keep
-exactly the fields they had.
+do not say. Present in a batch only when some span was tempered or truncated
+(`behaviour.needs_behaviour_logprobs`): plain batches keep exactly the fields they had.
 """
 
 from __future__ import annotations
@@ -24,16 +24,6 @@ Columns = dict[str, npt.NDArray[Any]]
 
 NEUTRAL = SamplingParams().as_dict()
 _DTYPES = {"temperature": np.float32, "top_p": np.float32, "top_k": np.int32, "min_p": np.float32}
-
-
-def needed(samples: Sequence[Sample]) -> bool:
-    """Some span of `samples` was sampled tempered or truncated (its raw softmax did not sample)."""
-    return any(
-        span.sampling is not None
-        and (span.sampling.temperature != 1.0 or span.sampling.is_truncated)
-        for sample in samples
-        for span in sample.spans
-    )
 
 
 def _columns(sample: Sample) -> Columns:

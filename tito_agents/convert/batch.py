@@ -38,6 +38,7 @@ from tito_agents.convert._arrays import (
     to_torch,
 )
 from tito_agents.convert._common import ConversionError, prompt_length, require_samples
+from tito_agents.convert.behaviour import needs_behaviour_logprobs
 from tito_agents.samples import Sample
 
 IdMatrix = npt.NDArray[np.int32]
@@ -240,7 +241,7 @@ def pad_batch(
         sample_ids=tuple(s.sample_id for s in samples),
         constrained_mask=constrained,
         sampling=_sampling_arrays.padded(samples, [(0, k) for k in keep], starts, width)
-        if _sampling_arrays.needed(samples)
+        if needs_behaviour_logprobs(samples)
         else None,
     )
 
@@ -421,6 +422,6 @@ def pad_split_batch(
         sample_ids=tuple(s.sample_id for s in samples),
         constrained_mask=constrained,
         sampling=_sampling_arrays.padded(samples, cuts, starts, width)
-        if _sampling_arrays.needed(samples)
+        if needs_behaviour_logprobs(samples)
         else None,
     )

@@ -3,7 +3,7 @@
 An importance ratio `pi_new / pi_old` is only unbiased when `pi_old` is the distribution that drew
 the token. vLLM draws from the logits after temperature and truncation (top-k, top-p, min-p),
 renormalised; a trainer that scores the full softmax of its own logits is off on a quarter to two
-thirds of the tokens of a truncated span (issue 29). `behaviour_logprobs` (numpy) and
+thirds of the tokens of a truncated span. `behaviour_logprobs` (numpy) and
 `behaviour_logprobs_torch` (differentiable) rebuild that distribution from trainer logits and give
 the logprob of each sampled token under it. Both follow one spec, vLLM 0.32's CPU sampler (v1 model
 runner), step by step, per token (`TokenSampling` lets every position carry its own parameters;
@@ -161,6 +161,18 @@ class BehaviourLogprobs(NamedTuple, Generic[Array]):
     @property
     def n_outside(self) -> int:
         return int(self.outside.sum())  # type: ignore[attr-defined]
+
+
+def needs_behaviour_logprobs(samples: Sequence[Sample]) -> bool:
+    """Some span of `samples` was sampled tempered or truncated: the raw softmax did not draw its
+    tokens, so a trainer's ratio needs behaviour logprobs (and a batch carries the per-token
+    sampling columns to compute them)."""
+    return any(
+        span.sampling is not None
+        and (span.sampling.temperature != 1.0 or span.sampling.is_truncated)
+        for sample in samples
+        for span in sample.spans
+    )
 
 
 @dataclass(frozen=True)
@@ -356,4 +368,5 @@ __all__ = [
     "TokenSampling",
     "behaviour_logprobs",
     "behaviour_logprobs_torch",
+    "needs_behaviour_logprobs",
 ]

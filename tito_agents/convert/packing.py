@@ -20,6 +20,7 @@ from tito_agents.convert import _sampling_arrays
 from tito_agents.convert._arrays import check_advantages, to_torch, torch_module
 from tito_agents.convert._common import ConversionError, require_samples
 from tito_agents.convert.batch import ShiftedTargets, shifted_targets
+from tito_agents.convert.behaviour import needs_behaviour_logprobs
 from tito_agents.samples import Sample
 
 
@@ -125,7 +126,7 @@ def pack_batch(
         advantages=per_token_adv,
         sample_ids=tuple(s.sample_id for s in samples),
         constrained_mask=constrained,
-        sampling=_sampling_arrays.packed(samples) if _sampling_arrays.needed(samples) else None,
+        sampling=_sampling_arrays.packed(samples) if needs_behaviour_logprobs(samples) else None,
     )
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tito_agents.calls import Call
-from tito_agents.convert._sampling_arrays import needed as needs_behaviour
+from tito_agents.convert import needs_behaviour_logprobs
 from tito_agents.samples import Sample
 from tito_agents.trainer_check.behaviour import BehaviourFigures, behaviour_figures
 from tito_agents.trainer_check.layouts import LAYOUTS, TokenScores, score_layout
@@ -347,7 +347,7 @@ def compare(
                 figures, ratios = _layout_figures(scores, samples, calls, constrained)
                 result.tito[dtype][layout] = figures
                 result.log_ratios.setdefault("tito", ratios[:HISTOGRAM_LIMIT].tolist())
-            if first and needs_behaviour(samples):
+            if first and needs_behaviour_logprobs(samples):
                 say(f"scoring behaviour logprobs in {dtype}")
                 result.behaviour[dtype] = behaviour_figures(model, samples)
         if rows is not None and dtype in text_dtypes:

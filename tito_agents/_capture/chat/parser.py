@@ -15,6 +15,7 @@ import orjson
 from tito_agents._capture.wire.fastpath import _BodySegments, _FallBack
 from tito_agents._capture.wire.request import RequestInfo
 from tito_agents._capture.wire.response import ParsedChoice, ResponseParser, to_ids
+from tito_agents._capture.wire.splice import Path, null_values
 from tito_agents.calls import Endpoint, IdArray, LogprobArray
 from tito_agents.errors import (
     CaptureError,
@@ -28,6 +29,17 @@ _CHOICE_ID_KEYS = ("token_ids", "prompt_token_ids")
 """Where a response carries the ids `return_token_ids` asks for: the fields capture nulls again
 for a caller that did not ask for them."""
 _ABSENT: Any = object()
+
+
+def _added_paths(payload: dict[str, Any], ids: bool, logprobs: bool) -> list[Path]:
+    """Where the answers to what capture added sit in a parsed body (only the fields it holds)."""
+    paths: list[Path] = [(key,) for key in _TOP_ID_KEYS if ids and key in payload]
+    for i, choice in enumerate(payload["choices"]):
+        keys = (*(_CHOICE_ID_KEYS if ids else ()), *(("logprobs",) if logprobs else ()))
+        paths += (("choices", i, key) for key in keys if key in choice)
+    return paths
+
+
 _LOGPROB = operator.itemgetter("logprob")
 
 _NO_IDS_FIX = (
@@ -170,6 +182,7 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         parsed as arrays; only the small rest goes through the JSON parser. A body whose layout is
         unexpected falls back to parsing it whole, which also produces the precise error.
         """
+        self._body = body
         segments = _BodySegments.split(body)
         try:
             payload = orjson.loads(segments.skeleton if segments else body)
@@ -218,49 +231,16 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         return parsed
 
     def caller_body(self) -> bytes | None:
-        """See `ResponseParser.caller_body`: each added id array nulled, in the server's bytes
-        where the body was cut."""
+        """See `ResponseParser.caller_body`: the server's bytes with each added field null (in
+        the skeleton where the body was cut, the arrays left standing then put back)."""
         info, payload = self.info, self._payload
         if payload is None or not (info.added_ids or info.added_logprobs):
             return None
+        paths = _added_paths(payload, info.added_ids, info.added_logprobs)
         segments = self._segments
-        if segments is not None and not info.added_logprobs:
-            nulled = self._added_id_arrays(segments, payload)
-            if nulled is not None:  # the server's own bytes, each added id array now `null`
-                return segments.join(nulled)
-        for key in _TOP_ID_KEYS if info.added_ids else ():
-            if key in payload:
-                payload[key] = None
-        for choice in payload["choices"]:
-            if info.added_ids:
-                for key in _CHOICE_ID_KEYS:
-                    if key in choice:
-                        choice[key] = None
-            if info.added_logprobs and "logprobs" in choice:
-                choice["logprobs"] = None
-        out = orjson.dumps(payload)
-        if segments is not None:  # arrays the caller asked for: put their text back
-            out = segments.restore(out)
-        return out
-
-    @staticmethod
-    def _added_id_arrays(segments: _BodySegments, payload: dict[str, Any]) -> set[int] | None:
-        """The cut-out arrays at the id fields capture added; None when one of those fields holds
-        anything but a cut-out array or null, which the general path then sets to null."""
-        nulled: set[int] = set()
-        holders: list[Any] = [payload, *payload["choices"]]
-        for i, holder in enumerate(holders):
-            if not isinstance(holder, dict):
-                return None
-            for key in _TOP_ID_KEYS if i == 0 else _CHOICE_ID_KEYS:
-                value = holder.get(key)
-                if value is None:
-                    continue
-                index = segments.index_of(value)
-                if index is None:
-                    return None
-                nulled.add(index)
-        return nulled
+        if segments is None:
+            return null_values(self._body, paths)
+        return segments.restore(null_values(segments.skeleton, paths))
 
     def _parse_body_choice(self, raw: Any, top_prompt: IdArray | None) -> ParsedChoice:
         if not isinstance(raw, dict):

@@ -19,6 +19,7 @@ import orjson
 from tito_agents._capture.responses.chat_view import assistant_message
 from tito_agents._capture.wire.request import RequestInfo
 from tito_agents._capture.wire.response import ParsedChoice, ResponseParser, to_ids
+from tito_agents._capture.wire.splice import Path, null_values
 from tito_agents.calls import Endpoint, IdArray
 from tito_agents.errors import (
     CaptureError,
@@ -190,23 +191,28 @@ def parse_responses_body(payload: Any, info: RequestInfo) -> ParsedChoice:
     return choice
 
 
-def responses_caller_view(payload: dict[str, Any], info: RequestInfo) -> dict[str, Any]:
-    """The Responses body as the caller would have got it without capture: the fields capture
-    added set to null, as vLLM sends them when not asked."""
+def added_paths(payload: dict[str, Any], info: RequestInfo) -> list[Path]:
+    """Where the answers to what capture added sit in a parsed Responses body: the engine
+    messages (ids), `top_logprobs` and the logprobs of each output text part (logprobs); only
+    the fields the body holds. The caller's copy has them null, as vLLM sends them unasked."""
+    paths: list[Path] = []
     if info.added_ids:
-        for key in _RESPONSE_ID_KEYS:
-            if key in payload:
-                payload[key] = None
+        paths += ((key,) for key in _RESPONSE_ID_KEYS if key in payload)
     if info.added_logprobs:
         if info.added_top_logprobs and "top_logprobs" in payload:
-            payload["top_logprobs"] = None
-        for item in payload.get("output") or ():
-            content = item.get("content") if isinstance(item, dict) else None
-            if item.get("type") == "message" and isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and "logprobs" in part:
-                        part["logprobs"] = None
-    return payload
+            paths.append(("top_logprobs",))
+        output = payload.get("output")
+        for i, item in enumerate(output if isinstance(output, list) else ()):
+            if not isinstance(item, dict) or item.get("type") != "message":
+                continue
+            content = item.get("content")
+            if isinstance(content, list):
+                paths += (
+                    ("output", i, "content", j, "logprobs")
+                    for j, part in enumerate(content)
+                    if isinstance(part, dict) and "logprobs" in part
+                )
+    return paths
 
 
 class ResponsesParser(ResponseParser, endpoints=(Endpoint.RESPONSES,)):
@@ -225,6 +231,7 @@ class ResponsesParser(ResponseParser, endpoints=(Endpoint.RESPONSES,)):
             payload = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise MalformedResponseError(f"response body is not valid JSON: {exc}") from exc
+        self._body = body
         one = [parse_responses_body(payload, self.info)]
         self.response_id = payload.get("id")
         self.model = payload.get("model")
@@ -233,11 +240,11 @@ class ResponsesParser(ResponseParser, endpoints=(Endpoint.RESPONSES,)):
         return one
 
     def caller_body(self) -> bytes | None:
-        """See `ResponseParser.caller_body` (`responses_caller_view`)."""
+        """See `ResponseParser.caller_body` (`added_paths`)."""
         info, payload = self.info, self._payload
         if payload is None or not (info.added_ids or info.added_logprobs):
             return None
-        return orjson.dumps(responses_caller_view(payload, info))
+        return null_values(self._body, added_paths(payload, info))
 
     # ---- streaming ----
 

@@ -165,26 +165,14 @@ class _BodySegments:
             return None
         return cls(pieces, raw)
 
-    def join(self, nulled: set[int]) -> bytes:
-        """The body again, byte for byte, except that the cut-out arrays `nulled` are `null`."""
-        pieces, raw = self._pieces, self._raw
-        parts: list[bytes | memoryview] = [pieces[0]]
-        for i, segment in enumerate(raw):
-            if i in nulled:
-                parts.append(b"null")
-            else:
-                parts += (b"[", segment, b"]")
-            parts.append(pieces[i + 1])
-        return b"".join(parts)
-
-    def restore(self, dumped: bytes) -> bytes:
-        """`dumped` (the skeleton, edited and serialized again) with every marker still in it
-        replaced by the array it stands for."""
+    def restore(self, edited: bytes) -> bytes:
+        """`edited` (the skeleton with some values spliced to null) with every marker still in it
+        replaced by the array it stands for: the server's body, but for what was nulled."""
         for i, raw in enumerate(self._raw):
             marker = _marker(i)
-            if marker in dumped:
-                dumped = dumped.replace(marker, b"[" + raw + b"]")
-        return dumped
+            if marker in edited:
+                edited = edited.replace(marker, b"[" + raw + b"]")
+        return edited
 
     def index_of(self, value: Any) -> int | None:
         """Which cut-out array a parsed skeleton value stands for, or None if it is no marker."""

@@ -1,7 +1,7 @@
 """Responses: one `ResponseParser` per call takes either a whole JSON body or the decoded events of
-an SSE stream and yields one `ParsedChoice` per choice with exact id arrays; it also rebuilds the
-body the caller gets (only the fields capture added are nulled). Shapes: docs/vllm-wire-format.md
-(vLLM 0.32; 0.10.2 and later carry the same id fields).
+an SSE stream and yields one `ParsedChoice` per choice with exact id arrays; it also makes the
+body the caller gets (the server's bytes, only the fields capture added nulled). Shapes:
+docs/vllm-wire-format.md (vLLM 0.32; 0.10.2 and later carry the same id fields).
 
 `ResponseParser(info)` is the parser of the request's endpoint, one interface over two shapes:
 `choices_parser.ChoicesParser` (chat and completions: choices keyed by index, prompt ids at the
@@ -91,7 +91,9 @@ class ResponseParser:
         self.usage_completion_tokens: int | None = None
         self.done = False
         self._payload: dict[str, Any] | None = None
-        """The parsed body (after `parse_body`), which `caller_body` rewrites."""
+        """The parsed body (after `parse_body`): where `caller_body` finds the added fields."""
+        self._body = b""
+        """The body `parse_body` was given: the caller's copy is made from its bytes."""
 
     # ---- non-streaming ----
 
@@ -111,7 +113,10 @@ class ResponseParser:
         The fields capture added (ids, and logprobs it asked for) are set to null, which is how
         vLLM sends them when not asked, so agents and frameworks never hold thousands of ids per
         response they did not ask for (the openai SDK keeps unknown fields in `model_extra`;
-        LangChain keeps logprobs in `response_metadata`). Only after a successful `parse_body`.
+        LangChain keeps logprobs in `response_metadata`). Every other byte is the server's
+        (`splice.null_values`): a body parsed and dumped again would turn an echoed integer
+        beyond 64 bits into a float, and respell floats and escapes. Only after a successful
+        `parse_body`.
         """
         raise NotImplementedError
 

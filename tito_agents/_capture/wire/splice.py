@@ -1,22 +1,24 @@
-"""Splicing fields into a caller's JSON request body without re-serialising what the caller wrote.
+"""Splicing on raw JSON bytes: fields into a caller's request, nulls into a server's answer.
 
 Capture adds a few fields to a request (`return_token_ids`, logprobs, the token prompt of a
-session turn). Parsing the body and dumping it again would change the caller's own bytes: integers
-beyond 64 bits become floats (another prompt, another answer), and float spellings, key order and
-unicode escapes change. So the added fields are written into the caller's bytes: a new top-level
-member before the closing brace, an existing member's value replaced in place, or an entry added
-at the end of an existing list or object. Everything else stays byte for byte.
+session turn), and sets the answers to them back to null in the body the caller gets. Parsing a
+body and dumping it again would change bytes no one asked to change: integers beyond 64 bits
+become floats (another prompt, another answer; another tool schema echoed back), and float
+spellings, key order, whitespace and unicode escapes change. So the edits are made on the bytes:
+a new top-level member before the closing brace, an existing member's value replaced in place,
+an entry added at the end of an existing list or object (requests), a value at a path replaced
+by `null` (answers, `null_values`). Everything else stays byte for byte.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 
-__all__ = ["extend_container", "member_values", "set_members", "with_token_prompt"]
+__all__ = ["extend_container", "member_values", "null_values", "set_members", "with_token_prompt"]
 
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\],:]', re.S)
 """Strings (skipped whole, escapes included) and the structural characters of JSON."""
@@ -107,3 +109,94 @@ def with_token_prompt(body: bytes, payload: Mapping[str, Any], prompt_ids: Any) 
     else:
         raise ValueError("kv_transfer_params is not an object without a token prompt")
     return set_members(body, {"kv_transfer_params": value}, payload)
+
+
+# ---- answers: values set back to null ----
+
+Path = tuple[str | int, ...]
+"""Where a value sits in a JSON document: object keys and list indices, from the top."""
+
+_LEAF: Any = object()
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_STRING_OR_BRACKET = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)
+_SCALAR_END = re.compile(rb"[,}\]\s]|$")
+_SPACE = re.compile(rb"[ \t\r\n]*")
+
+
+def null_values(body: bytes, paths: Iterable[Path]) -> bytes:
+    """`body` (valid JSON) with the value at each of `paths` replaced by `null`, every other byte
+    kept; a path the body does not hold is skipped. A duplicated key has each of its values
+    nulled. Only the containers on a path are walked member by member: any other value is jumped
+    over at the speed of a regular-expression search (a long id array is one match)."""
+    tree: dict[Any, Any] = {}
+    for path in paths:
+        node = tree
+        for step in path[:-1]:
+            child = node.setdefault(step, {})
+            if child is _LEAF:
+                break
+            node = child
+        else:
+            node[path[-1]] = _LEAF
+    if not tree:
+        return body
+    spans: list[tuple[int, int]] = []
+    _walk(body, _SPACE.match(body, 0).end(), tree, spans)  # type: ignore[union-attr]
+    out: list[bytes] = []
+    pos = 0
+    for start, end in sorted(spans):
+        out += (body[pos:start], b"null")
+        pos = end
+    out.append(body[pos:])
+    return b"".join(out)
+
+
+def _walk(body: bytes, pos: int, node: dict[Any, Any], spans: list[tuple[int, int]]) -> int:
+    """The end of the value at `pos`; the spans of the values `node` names in it are noted."""
+    opener = body[pos]
+    if opener not in b"{[":
+        return _skip(body, pos)
+    is_object = opener == 0x7B  # "{"
+    pos = _SPACE.match(body, pos + 1).end()  # type: ignore[union-attr]
+    index = 0
+    while body[pos] not in b"}]":
+        if is_object:
+            key_match = _STRING.match(body, pos)
+            assert key_match is not None
+            raw = key_match.group()
+            step: Any = orjson.loads(raw) if b"\\" in raw else raw[1:-1].decode()
+            colon = _SPACE.match(body, key_match.end()).end()  # type: ignore[union-attr]
+            pos = _SPACE.match(body, colon + 1).end()  # type: ignore[union-attr]
+        else:
+            step, index = index, index + 1
+        child = node.get(step)
+        if child is None:
+            end = _skip(body, pos)
+        elif child is _LEAF:
+            end = _skip(body, pos)
+            spans.append((pos, end))
+        else:
+            end = _walk(body, pos, child, spans)
+        pos = _SPACE.match(body, end).end()  # type: ignore[union-attr]
+        if body[pos] == 0x2C:  # ","
+            pos = _SPACE.match(body, pos + 1).end()  # type: ignore[union-attr]
+    return pos + 1
+
+
+def _skip(body: bytes, pos: int) -> int:
+    """The end of the JSON value that starts at `pos`."""
+    first = body[pos]
+    if first == 0x22:  # '"'
+        return _STRING.match(body, pos).end()  # type: ignore[union-attr]
+    if first not in b"{[":
+        return _SCALAR_END.search(body, pos).start()  # type: ignore[union-attr]
+    depth = 0
+    for match in _STRING_OR_BRACKET.finditer(body, pos):
+        token = match.group()
+        if token in (b"{", b"["):
+            depth += 1
+        elif token in (b"}", b"]"):
+            depth -= 1
+            if depth == 0:
+                return match.end()
+    raise ValueError("unterminated JSON container")

@@ -1,8 +1,8 @@
-"""`tito-agents stats` streams at the reader's speed (issue 9 target: >= 50% of merely reading).
+"""`tito-agents stats` streams at the reader's speed (target: >= 50% of merely reading).
 
 Writes N samples of T tokens (per-call layout, real JSON Lines sink encoding, random ids) into a
 temporary folder, then times, interleaved and best of `--rounds`:
-  * read:  iterating `open_samples(path)` (the same reader `stats` uses) and doing nothing;
+  * read:  iterating `read_samples(path)` (the same reader `stats` uses) and doing nothing;
   * stats: `tito-agents stats PATH --json` in-process (the whole command, output discarded).
 Prints sizes, seconds, samples/s, MB/s and the ratio read_time / stats_time (stats' speed as a share
 of the reader's). The issue's full size, 100k samples of 8k tokens, is about 5 GB of JSON Lines and
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from tito_agents.cli.main import main
-from tito_agents.cli.sources import open_samples
 from tito_agents.samples import CallSpan, Sample
 from tito_agents.sinks.jsonl import encode_sample
+from tito_agents.sinks.reading import read_samples
 
 TARGET = 0.5
 FULL_SAMPLES, FULL_TOKENS = 100_000, 8192
@@ -61,7 +61,7 @@ def write_file(path: Path, samples: int, tokens: int) -> int:
 
 def time_read(path: Path) -> float:
     started = time.perf_counter()
-    for _ in open_samples(path):
+    for _ in read_samples(path):
         pass
     return time.perf_counter() - started
 

@@ -77,6 +77,12 @@ class SampleFormatError(TitoError):
     """A samples file holds something that is not a valid sample (not a torn last line)."""
 
 
+class TruncatedSamplesError(SampleFormatError):
+    """A samples file or folder ends in something unfinished (a torn last line, an Arrow stream
+    without its end marker, only parts still being written), refused because the reader was asked
+    to be strict (`read_samples(..., strict=True)`) or because nothing finished is there to read."""
+
+
 class EpisodeStateError(TitoError, RuntimeError):
     """An `Episode` entered while entered, entered or ended after its end, or rewarded after it:
     one rollout ends once (a second end would write its samples twice; a late reward reaches none)."""

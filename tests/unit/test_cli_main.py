@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli_samples import TEMPLATES, merged_episode, run_cli, write_samples
-from tito_agents.cli._errors import EXIT_BAD_INPUT, CliInputError
+from tito_agents.cli._errors import EXIT_BAD_INPUT
 from tito_agents.cli.main import main
+from tito_agents.errors import SampleFormatError
 
 
 def _assert_one_line_error(code: int, out: str, err: str, *needles: str) -> None:
@@ -115,7 +116,7 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     """--debug (anywhere on the line) lets the error propagate with its traceback."""
     path = tmp_path / "notes.txt"
     path.write_text("notes\n")
-    with pytest.raises(CliInputError, match="not a samples file"):
+    with pytest.raises(SampleFormatError, match="not a samples file"):
         main(["stats", str(path), "--debug"])
 
 

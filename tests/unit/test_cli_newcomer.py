@@ -11,7 +11,6 @@ from typing import Any
 
 import orjson
 import pytest
-from tito_agents.cli.sources import open_samples
 
 from tests.support.cli_samples import merged_episode, run_cli, write_samples
 from tito_agents import __version__
@@ -20,6 +19,7 @@ from tito_agents.cli.main import build_parser
 from tito_agents.cli.show import find_sample, locate
 from tito_agents.samples import Sample
 from tito_agents.sinks.jsonl import encode_sample
+from tito_agents.sinks.reading import read_samples
 from tito_agents.testing.smollm2 import TOOLS_TEMPLATE_PATH, tokenizer_dir
 
 pytest.importorskip("pyarrow", reason="the columnar sinks need pyarrow")
@@ -158,7 +158,7 @@ def test_show_finds_the_same_sample_and_siblings_as_a_full_read(tmp_path: Path) 
     """The line-peeking search gives the sample and the merged siblings a full parse gives, for
     every index and for ids and unique prefixes, whatever the line layout."""
     path, samples = _mixed_file(tmp_path)
-    opened = open_samples(path)
+    opened = read_samples(path)
     for index in range(len(samples)):
         target, episode = locate(opened, index=index)
         full, full_episode, _ = find_sample(iter(samples), index=index)

@@ -15,10 +15,10 @@ import pytest
 from tests.factories import make_call
 from tests.support.cli_samples import _sample, merged_episode, run_cli, write_samples
 from tito_agents.cli._progress import Progress
-from tito_agents.cli.sources import open_samples
 from tito_agents.cli.stats import collect_stats
 from tito_agents.samples import Sample
 from tito_agents.sinks.jsonl import encode_sample
+from tito_agents.sinks.reading import read_samples
 
 
 def test_stats_json_counts_what_the_file_holds(
@@ -237,7 +237,7 @@ def _big_sample(i: int, n: int) -> Sample:
 def _peak_scan_memory(path: Path) -> tuple[int, int]:
     tracemalloc.start()
     try:
-        stats = collect_stats(open_samples(path))
+        stats = collect_stats(read_samples(path))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -14,7 +14,7 @@ from tito_agents.assembly.merged import assemble_merged
 from tito_agents.assembly.per_call import sample_of_call
 from tito_agents.calls import Call
 from tito_agents.samples import CallSpan, Sample
-from tito_agents.sinks import JsonlSink, RotatingFileSink, read_file_samples, read_samples
+from tito_agents.sinks import JsonlSink, RotatingFileSink, read_samples
 from tito_agents.sinks.codec import decode_fields, decode_frame, encode_fields, encode_frame
 from tito_agents.sinks.harness import synthetic_sample
 
@@ -125,7 +125,7 @@ def test_rotating_parts_round_trip(tmp_path: Path, suffix: str) -> None:
     sink = RotatingFileSink(tmp_path / f"out/samples.{suffix}")
     sink.write(SAMPLES)
     sink.close()
-    got = sorted(read_file_samples(tmp_path / "out"), key=lambda s: s.sample_id)
+    got = sorted(read_samples(tmp_path / "out"), key=lambda s: s.sample_id)
     for want, back in zip(sorted(SAMPLES, key=lambda s: s.sample_id), got, strict=True):
         same(want, back)
 

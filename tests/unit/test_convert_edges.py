@@ -29,7 +29,7 @@ from tito_agents.convert import (
     to_verl_batch,
 )
 from tito_agents.samples import Sample
-from tito_agents.sinks import JsonlSink, read_file_samples
+from tito_agents.sinks import JsonlSink, read_samples
 
 Convert = Callable[[Sequence[Sample]], Any]
 
@@ -78,7 +78,7 @@ def test_integer_task_id_read_back_from_an_old_file(tmp_path: Path) -> None:
     sink = JsonlSink(path)
     sink.write(samples)
     sink.close()
-    back = list(read_file_samples(path))
+    back = list(read_samples(path))
     assert [s.task_id for s in back] == [17, 17]  # type: ignore[comparison-overlap]
     records = to_trl_rollout_samples(back, model_version=0)
     assert [r["group_id"] for r in records] == [stable_int_id("17")] * 2

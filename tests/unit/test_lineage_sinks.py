@@ -30,7 +30,8 @@ from tito_agents.errors import SampleFormatError
 from tito_agents.samples import SUMMARIZER_ROLE, Sample
 from tito_agents.sinks.arrow_schema import batch_to_samples, samples_to_batch
 from tito_agents.sinks.codec import decode_fields, decode_frame, encode_fields, encode_frame
-from tito_agents.sinks.jsonl import encode_sample, read_samples
+from tito_agents.sinks.jsonl import encode_sample
+from tito_agents.sinks.reading import read_samples
 
 
 def compacted_episode(*, labelled: bool = True) -> list[Call]:

@@ -19,7 +19,7 @@ from tito_agents.calls import Endpoint, policy_of
 from tito_agents.config import CollectorSettings
 from tito_agents.convert import group_advantages, group_key
 from tito_agents.errors import ConfigurationError
-from tito_agents.sinks import read_file_samples
+from tito_agents.sinks import read_samples
 from tito_agents.testing import captured_samples
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -242,7 +242,7 @@ def test_int_version_labels_are_stored_as_strings_and_every_sink_writes_them(
         collector.settings.policy_versions["a"] = 9  # type: ignore[assignment]
         _run(fake, collector, ("planner",))
     assert collector.stats.delivery is not None and collector.stats.delivery.rejected == 0
-    read = list(read_file_samples(parquet))
+    read = list(read_samples(parquet))
     assert sorted(s.spans[0].policy_version for s in read) == ["3", "7", "9"]
 
 

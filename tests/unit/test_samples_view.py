@@ -22,7 +22,7 @@ pa = pytest.importorskip("pyarrow", reason="the columnar formats need pyarrow")
 pq = pytest.importorskip("pyarrow.parquet", reason="the columnar formats need pyarrow")
 
 from tito_agents.sinks import columnar  # noqa: E402
-from tito_agents.sinks.files import RotatingFileSink, read_file_samples  # noqa: E402
+from tito_agents.sinks.files import RotatingFileSink  # noqa: E402
 
 
 def _views(samples: list[Sample]) -> list[str]:
@@ -58,7 +58,7 @@ def test_view_round_trips_through_rotating_parts(tmp_path: Path, suffix: str) ->
     sink.write(merged_episode()[:3])
     sink.write(merged_episode()[3:])
     sink.close()
-    assert _views(list(read_file_samples(tmp_path / f"samples{suffix}"))) == EXPECTED
+    assert _views(list(read_samples(tmp_path / f"samples{suffix}"))) == EXPECTED
 
 
 def test_json_line_without_view_is_read_with_the_view_its_start_reason_implies(

@@ -20,8 +20,9 @@ from tito_agents.errors import SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks.base import Sink
 from tito_agents.sinks.buffered import Backoff, BufferedSink
-from tito_agents.sinks.files import RotatingFileSink, read_file_samples
+from tito_agents.sinks.files import RotatingFileSink
 from tito_agents.sinks.harness import synthetic_sample
+from tito_agents.sinks.reading import read_samples
 
 FAST = Backoff(initial=0.005, maximum=0.02)
 
@@ -326,7 +327,7 @@ def test_exit_without_close_drains_a_buffer_into_a_file_sink(tmp_path: Path) -> 
     assert "BufferedSink(RotatingFileSink) was not closed" in done.stderr
     assert "RotatingFileSink('" not in done.stderr  # closed by its wrapper, not on its own
     assert "delivered 9 of 9 pending samples" in done.stderr
-    assert len(list(read_file_samples(path))) == 10
+    assert len(list(read_samples(path))) == 10
 
 
 _CRASH_WHILE_DOWN = textwrap.dedent(
@@ -421,14 +422,15 @@ def test_disk_full_then_freed_delivers_everything_once(
     sink.flush(timeout=30)
     sink.close()
     assert inner.stats.unfinalized_parts == 0
-    back = [s.sample_id for s in read_file_samples(tiny_disk / name)]
+    back = [s.sample_id for s in read_samples(tiny_disk / name)]
     assert back == ids(samples)
     assert not [p for p in tiny_disk.iterdir() if p.name.startswith(".")]
 
 
 def test_a_forked_child_gets_its_own_worker(tmp_path: Path) -> None:
     """After fork the child exports through its own worker; nothing is delivered twice."""
-    from tito_agents.sinks.jsonl import JsonlSink, read_samples
+    from tito_agents.sinks.jsonl import JsonlSink
+    from tito_agents.sinks.reading import read_samples
 
     path = tmp_path / "out.jsonl"
     sink = BufferedSink(JsonlSink(path), spill_dir=tmp_path / "spill", linger=0)

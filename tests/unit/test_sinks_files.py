@@ -6,7 +6,7 @@ import errno
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,11 @@ from tito_agents.sinks import columnar
 from tito_agents.sinks.files import (
     RotatingFileSink,
     list_parts,
-    read_file_samples,
     read_file_table,
     recover_parts,
 )
 from tito_agents.sinks.harness import synthetic_sample
+from tito_agents.sinks.reading import read_samples
 
 FORMATS = ["samples.parquet", "samples.arrow", "samples.jsonl"]
 
@@ -33,18 +33,18 @@ def make(n: int, tokens: int = 64, start: int = 0) -> list[Sample]:
     return [synthetic_sample(i, tokens, logprobs=i % 3 != 0) for i in range(start, start + n)]
 
 
-def ids(samples: Iterator[Sample] | list[Sample]) -> list[str]:
+def ids(samples: Iterable[Sample]) -> list[str]:
     return [s.sample_id for s in samples]
 
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_roundtrip_keeps_every_field(tmp_path: Path, name: str) -> None:
-    """What a file sink writes, read_file_samples returns field for field, in order."""
+    """What a file sink writes, read_samples returns field for field, in order."""
     samples = make(10)
     with RotatingFileSink(tmp_path / name) as sink:
         sink.write(samples[:3])
         sink.write(samples[3:])
-    back = list(read_file_samples(tmp_path / name))
+    back = list(read_samples(tmp_path / name))
     assert ids(back) == ids(samples)
     for a, b in zip(samples, back, strict=True):
         assert np.array_equal(a.token_ids, b.token_ids) and b.token_ids.dtype == np.int32
@@ -75,8 +75,8 @@ def test_a_home_relative_path_is_the_users_home_not_a_folder_named_tilde(
     with tito.Collector(f"~/runs/{name}") as collector:
         collector.sink.write(make(3))
     assert list(work.iterdir()) == []
-    assert ids(read_file_samples(f"~/runs/{name}")) == ids(make(3))
-    assert ids(read_file_samples(home / "runs" / name)) == ids(make(3))
+    assert ids(read_samples(f"~/runs/{name}")) == ids(make(3))
+    assert ids(read_samples(home / "runs" / name)) == ids(make(3))
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -87,13 +87,13 @@ def test_parts_rotate_and_appear_only_when_finished(tmp_path: Path, name: str) -
     for sample in samples:
         sink.write([sample])
     assert len(list_parts(tmp_path / name)) == 2  # the third part is still in progress
-    assert ids(read_file_samples(tmp_path / name)) == ids(samples[:8])
-    assert ids(read_file_samples(tmp_path / name, include_in_progress=True)) == ids(samples)
+    assert ids(read_samples(tmp_path / name)) == ids(samples[:8])
+    assert ids(read_samples(tmp_path / name, include_in_progress=True)) == ids(samples)
     sink.close()
     sink.close()  # idempotent
     parts = list_parts(tmp_path / name)
     assert len(parts) == 3 and all(not p.name.startswith(".") for p in parts)
-    assert ids(read_file_samples(tmp_path / name)) == ids(samples)
+    assert ids(read_samples(tmp_path / name)) == ids(samples)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
@@ -128,11 +128,11 @@ def test_after_a_crash_every_written_sample_is_readable(tmp_path: Path, name: st
         [sys.executable, "-c", _CRASH, str(path), "5", "13"], capture_output=True, check=False
     )
     assert done.returncode == 9 and b"written" in done.stdout
-    assert len(list(read_file_samples(path))) == 10  # two finished parts; the third in progress
+    assert len(list(read_samples(path))) == 10  # two finished parts; the third in progress
     sink = RotatingFileSink(path)
     assert (sink.stats.recovered_parts, sink.stats.recovered_samples) == (1, 3)
     sink.close()
-    assert ids(read_file_samples(path)) == [f"ep{i // 4}/{i}" for i in range(13)]
+    assert ids(read_samples(path)) == [f"ep{i // 4}/{i}" for i in range(13)]
 
 
 @pytest.mark.parametrize("name", ["samples.arrow", "samples.jsonl", "samples.parquet"])
@@ -149,7 +149,7 @@ def test_a_torn_tail_is_cut_off_on_recovery(tmp_path: Path, name: str) -> None:
         handle.write(b"\xff\xff\xff\xff\x10\x00" + b"\x07" * 100)  # the start of a torn batch
     parts, recovered = recover_parts(tmp_path)
     assert (parts, recovered) == (1, 4)
-    assert ids(read_file_samples(path)) == [f"ep{i // 4}/{i}" for i in range(4)]
+    assert ids(read_samples(path)) == [f"ep{i // 4}/{i}" for i in range(4)]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
@@ -161,7 +161,7 @@ def test_a_live_writers_part_is_not_recovered(tmp_path: Path) -> None:
     assert other.stats.recovered_parts == 0
     other.close()
     live.close()
-    assert len(list(read_file_samples(tmp_path / "s.parquet"))) == 2
+    assert len(list(read_samples(tmp_path / "s.parquet"))) == 2
 
 
 class _FailingWriter:
@@ -208,7 +208,7 @@ def test_disk_full_mid_write_never_leaves_half_a_batch(
     sink.write(samples[6:8])
     sink.close()
     assert sink.stats.write_failures == 1
-    assert ids(read_file_samples(tmp_path / name)) == ids(samples[:4] + samples[6:])
+    assert ids(read_samples(tmp_path / name)) == ids(samples[:4] + samples[6:])
 
 
 def test_read_file_table_gives_columns(tmp_path: Path) -> None:
@@ -273,5 +273,5 @@ def test_a_failed_parquet_encoder_falls_back_to_the_journal(
     with RotatingFileSink(tmp_path / "s.parquet") as sink:
         for i in range(0, 9, 3):
             sink.write(samples[i : i + 3])
-    assert ids(read_file_samples(tmp_path / "s.parquet")) == ids(samples)
+    assert ids(read_samples(tmp_path / "s.parquet")) == ids(samples)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

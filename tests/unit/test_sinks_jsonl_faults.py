@@ -23,7 +23,8 @@ from tito_agents.cli.main import main as cli_main
 from tito_agents.errors import SinkError
 from tito_agents.sinks.buffered import BufferedSink
 from tito_agents.sinks.harness import synthetic_sample
-from tito_agents.sinks.jsonl import JsonlSink, encode_sample, read_samples
+from tito_agents.sinks.jsonl import JsonlSink, encode_sample
+from tito_agents.sinks.reading import read_samples
 
 # A child that writes batches of samples and prints the ids of each acknowledged batch.
 # argv: path, first index, batches, tokens per sample, file-size limit (0: none), mode.

@@ -12,10 +12,11 @@ import pytest
 from tito_agents.errors import ConfigurationError
 from tito_agents.sinks.base import MemorySink
 from tito_agents.sinks.buffered import BufferedSink
-from tito_agents.sinks.files import RotatingFileSink, read_file_samples
+from tito_agents.sinks.files import RotatingFileSink
 from tito_agents.sinks.harness import synthetic_sample
-from tito_agents.sinks.jsonl import JsonlSink, read_samples
+from tito_agents.sinks.jsonl import JsonlSink
 from tito_agents.sinks.queue import AsyncQueueSink
+from tito_agents.sinks.reading import read_samples
 from tito_agents.sinks.registry import default_spill_dir, open_sink
 
 
@@ -36,8 +37,8 @@ def test_paths_pick_file_sinks(tmp_path: Path) -> None:
         sink.write(samples)
         sink.close()
     assert len(list(read_samples(tmp_path / "a.jsonl"))) == 5
-    assert len(list(read_file_samples(tmp_path / "b.jsonl"))) == 5
-    assert len(list(read_file_samples(tmp_path / "e"))) == 5
+    assert len(list(read_samples(tmp_path / "b.jsonl"))) == 5
+    assert len(list(read_samples(tmp_path / "e"))) == 5
 
 
 def test_in_process_specs() -> None:

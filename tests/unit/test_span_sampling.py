@@ -14,7 +14,6 @@ from tests import factories
 from tests.support.cli_samples import run_cli
 from tito_agents.assembly import AssemblyOptions, EpisodeContext, assemble
 from tito_agents.cli import _sampling
-from tito_agents.cli.sources import open_samples
 from tito_agents.convert import (
     TokenSampling,
     pack_batch,
@@ -38,6 +37,7 @@ from tito_agents.sampling import (
 )
 from tito_agents.sinks.arrow_schema import batch_to_samples, samples_to_batch
 from tito_agents.sinks.codec import decode_fields, decode_frame, encode_fields, encode_frame
+from tito_agents.sinks.reading import read_samples
 from tito_agents.sinks.registry import open_sink
 from tito_agents.testing.smollm2 import tokenizer_dir
 
@@ -212,7 +212,7 @@ def test_round_trip_through_every_file_sink(tmp_path: Path, name: str) -> None:
     sink = open_sink(str(tmp_path / name))
     sink.write([_sample()])
     sink.close()
-    (back,) = list(open_samples(tmp_path / name if name.endswith("jsonl") else tmp_path))
+    (back,) = list(read_samples(tmp_path / name if name.endswith("jsonl") else tmp_path))
     assert _fields(back) == _fields(_sample())
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import tito_agents as tito
 from tito_agents._values import as_text, json_bytes
-from tito_agents.sinks import read_file_samples
+from tito_agents.sinks import read_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, mock_transport
 from tito_agents.testing.smollm2 import MODEL_NAME
 
@@ -72,7 +72,7 @@ def test_every_format_writes_and_reads_back_what_users_pass(tmp_path: Path, suff
     collector = _run(tmp_path / f"samples.{suffix}")
     delivery = collector.stats.delivery
     assert delivery is None or (delivery.rejected, delivery.last_error) == (0, None)
-    by_episode = {s.episode_id: s for s in read_file_samples(tmp_path / f"samples.{suffix}")}
+    by_episode = {s.episode_id: s for s in read_samples(tmp_path / f"samples.{suffix}")}
     assert set(by_episode) == {"42", "meta"}
     ids = by_episode["42"]
     assert (ids.group_id, ids.task_id, ids.agent) == ("3", "5", "7")

@@ -5,12 +5,11 @@
     tito-agents show SAMPLES_FILE [--sample ID] [--tokenizer DIR] [--html OUT]
     tito-agents stats SAMPLES_FILE [--json]
 
-`main(argv)` runs it in-process (tests use that); `open_samples(path)` opens any sink's file.
+`main(argv)` runs it in-process (tests use that). The commands read samples with the library's
+reader, `tito_agents.read_samples`.
 """
 
-from tito_agents.cli.sources import open_samples, register_reader
-
-__all__ = ["main", "open_samples", "register_reader"]
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:

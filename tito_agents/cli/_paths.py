@@ -1,7 +1,7 @@
 """Paths the user types and files the command writes.
 
 `~` is expanded in every path the command takes (as the library's sinks and
-`read_file_samples` do): a quoted `'~/out.html'` or `--html=~/out.html` reaches us unexpanded,
+`read_samples` do): a quoted `'~/out.html'` or `--html=~/out.html` reaches us unexpanded,
 since the shell leaves `~` alone there. Written files (`show --html`, `compare --html`) go to a
 hidden temporary file in the same folder, renamed into place once complete, so a failed or
 interrupted write never leaves a partial page that looks finished.

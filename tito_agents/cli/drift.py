@@ -40,9 +40,9 @@ from tito_agents.cli._render import (
     check_compiles,
     load_renderer,
 )
+from tito_agents.cli._samples_file import open_samples_file
 from tito_agents.cli._tokenizers import load_tokenizer
 from tito_agents.cli.audit import check_chat_template
-from tito_agents.cli.sources import open_samples
 from tito_agents.samples import Sample
 
 __all__ = [
@@ -298,7 +298,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    samples = open_samples(args.samples_file, allow_truncated=args.allow_truncated)
+    samples = open_samples_file(args.samples_file, allow_truncated=args.allow_truncated)
     tokenizer = load_tokenizer(args.tokenizer)
     renderer = _renderer(args, tokenizer)
     sampling = _sampling.SamplingCounts()  # spans a trainer cannot correct: warned about below

@@ -21,12 +21,13 @@ from tito_agents.cli._errors import EXIT_OK, CliInputError
 from tito_agents.cli._html import Run, render_html
 from tito_agents.cli._layout import CLASS_NAMES, CONTEXT, ENV, TRAINED, SampleView, build_view
 from tito_agents.cli._paths import write_output
+from tito_agents.cli._samples_file import open_samples_file
 from tito_agents.cli._seek import iter_entries
 from tito_agents.cli._term import Painter, color_enabled, table
 from tito_agents.cli._tokenizers import decode_runs, decode_tokens, load_tokenizer
 from tito_agents.cli.drift import check_vocabulary
-from tito_agents.cli.sources import JSONL, SampleFile, open_samples
 from tito_agents.samples import Sample
+from tito_agents.sinks.reading import JSONL, SampleSource
 
 __all__ = ["add_parser", "find_sample", "format_sample", "locate", "run", "token_texts"]
 
@@ -139,7 +140,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def locate(
-    samples: SampleFile, *, sample_id: str | None = None, index: int = 0
+    samples: SampleSource, *, sample_id: str | None = None, index: int = 0
 ) -> tuple[Sample, list[Sample]]:
     """The wanted sample and its episode's samples, as `find_sample` finds them. JSON Lines files
     are searched line by line without building the other samples (`_seek`): `--index 47000` on a
@@ -156,7 +157,7 @@ def locate(
 
 
 def run(args: argparse.Namespace) -> int:
-    samples = open_samples(args.samples_file, allow_truncated=args.allow_truncated)
+    samples = open_samples_file(args.samples_file, allow_truncated=args.allow_truncated)
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     try:
         target, episode = locate(samples, sample_id=args.sample, index=args.index)

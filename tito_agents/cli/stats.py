@@ -25,9 +25,10 @@ from tito_agents.assembly.divergence import EPISODE_START, DivergenceKind
 from tito_agents.cli import _sampling
 from tito_agents.cli._errors import EXIT_OK, CliInputError
 from tito_agents.cli._progress import Progress, progress_enabled
+from tito_agents.cli._samples_file import open_samples_file
 from tito_agents.cli._term import human_bytes, percent, table
-from tito_agents.cli.sources import SampleFile, open_samples
 from tito_agents.samples import Sample
+from tito_agents.sinks.reading import SampleSource
 
 __all__ = ["SampleStats", "add_parser", "collect_stats", "run"]
 
@@ -225,7 +226,7 @@ class SampleStats:
         return summary
 
 
-def collect_stats(samples: SampleFile, *, show_progress: bool = False) -> SampleStats:
+def collect_stats(samples: SampleSource, *, show_progress: bool = False) -> SampleStats:
     """Stream `samples` once and return the totals."""
     stats = SampleStats()
     with Progress(
@@ -259,7 +260,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    samples = open_samples(args.samples_file, allow_truncated=args.allow_truncated)
+    samples = open_samples_file(args.samples_file, allow_truncated=args.allow_truncated)
     stats = collect_stats(samples, show_progress=progress_enabled(args.progress))
     if stats.samples == 0:
         raise CliInputError(
@@ -276,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def format_stats(summary: dict[str, Any], samples: SampleFile) -> str:
+def format_stats(summary: dict[str, Any], samples: SampleSource) -> str:
     """The human-readable summary."""
     s = summary
     per_ep = s["samples_per_episode"]

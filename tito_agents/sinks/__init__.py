@@ -6,10 +6,11 @@ path or URL). Optional libraries (pyarrow, redis, ray) are imported only when us
 from tito_agents.config import DeliveryStats
 from tito_agents.sinks.base import CallbackSink, MemorySink, Sink
 from tito_agents.sinks.buffered import BufferedSink
-from tito_agents.sinks.files import RotatingFileSink, read_file_samples, read_file_table
-from tito_agents.sinks.jsonl import JsonlSink, read_samples
+from tito_agents.sinks.files import RotatingFileSink, read_file_table
+from tito_agents.sinks.jsonl import JsonlSink
 from tito_agents.sinks.partition import PartitionedSink
 from tito_agents.sinks.queue import AsyncQueueSink
+from tito_agents.sinks.reading import SampleSource, read_samples, register_reader
 from tito_agents.sinks.registry import open_sink
 from tito_agents.sinks.retry import Backoff
 
@@ -23,9 +24,10 @@ __all__ = [
     "MemorySink",
     "PartitionedSink",
     "RotatingFileSink",
+    "SampleSource",
     "Sink",
     "open_sink",
-    "read_file_samples",
     "read_file_table",
     "read_samples",
+    "register_reader",
 ]

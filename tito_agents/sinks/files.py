@@ -39,7 +39,6 @@ from tito_agents.sinks.parts import (
     fsync_file,
     fsync_folder,
     list_parts,
-    read_file_samples,
     read_file_table,
     recover_parts,
 )
@@ -50,7 +49,6 @@ __all__ = [
     "RotatingFileSink",
     "format_for",
     "list_parts",
-    "read_file_samples",
     "read_file_table",
     "recover_parts",
 ]

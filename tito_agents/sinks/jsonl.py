@@ -14,7 +14,8 @@ What a reader can rely on:
   logged), so the torn bytes never become corruption in the middle of the file. A complete last
   line that only lacks its newline gets the newline instead.
 
-`read_samples` skips a torn last line and refuses corruption anywhere else.
+`iter_jsonl_samples` (what `tito_agents.read_samples` reads a JSON Lines file with) skips a torn
+last line and refuses corruption anywhere else.
 """
 
 from __future__ import annotations
@@ -198,8 +199,11 @@ def last_line(stream: BinaryIO, size: int) -> bytes:
     return b"".join(reversed(pieces))
 
 
-def read_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
-    """Yield the samples of a JSON Lines file one at a time (the file is streamed, never loaded whole).
+def iter_jsonl_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
+    """Yield the samples of one JSON Lines file one at a time (streamed, never loaded whole).
+
+    Use `tito_agents.read_samples`, which takes any format and checks the file first; this is
+    its JSON Lines reader.
 
     A torn last line (a crash mid-write) is skipped with a log warning; an invalid line anywhere
     else raises `SampleFormatError` naming the file and line.

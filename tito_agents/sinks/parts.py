@@ -1,4 +1,5 @@
-"""Part files on disk: naming, atomic finalize, recovery of unfinished parts, listing, reading.
+"""Part files on disk: naming, atomic finalize, recovery of unfinished parts, listing (read
+them with `tito_agents.read_samples`).
 
 A finished part is ``<stem>-<run>-<index><suffix>``; while it is written it lives under the hidden
 name ``.<stem>-<run>-<index><suffix>.inprogress.<kind>`` (``kind``: ``arrows`` for an Arrow stream
@@ -12,12 +13,8 @@ import fcntl
 import logging
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-from tito_agents.samples import Sample
-from tito_agents.sinks.jsonl import read_samples
 
 logger = logging.getLogger("tito_agents.sinks")
 
@@ -198,23 +195,6 @@ def list_parts(path: str | os.PathLike[str], *, include_in_progress: bool = Fals
             key=lambda p: _order_key(final_name(p) if p.name.startswith(".") else p),
         )
     return parts
-
-
-def read_file_samples(
-    path: str | os.PathLike[str], *, include_in_progress: bool = False
-) -> Iterator[Sample]:
-    """Yield the samples of every part a file sink wrote for `path` (any format), streaming."""
-    for part in list_parts(path, include_in_progress=include_in_progress):
-        kind = part.name.rsplit(".", 1)[-1]
-        if kind == "jsonl":
-            yield from read_samples(part)
-            continue
-        from tito_agents.sinks import columnar
-
-        if kind == "parquet":
-            yield from columnar.iter_parquet_samples(part)
-        else:
-            yield from columnar.iter_stream_samples(part)
 
 
 def read_file_table(path: str | os.PathLike[str]) -> Any:

@@ -171,9 +171,10 @@ class Collector:
             raise ConfigurationError(str(exc)) from None
         self.stats = CollectorStats(delivery=sink.stats if isinstance(sink, BufferedSink) else None)
         self._processor = SampleProcessor(sink, stats=self.stats, settings=self.settings)
-        self.default_episode = Episode(self._processor, self.settings, DEFAULT_EPISODE_ID)
+        self.default_episode = Episode(
+            self._processor, self.settings, DEFAULT_EPISODE_ID, outside=True
+        )
         """Where calls outside any episode go (`outside_episode="default"`); keeps no history."""
-        self._processor.default_episode = self.default_episode
         self._closed = False
 
     # ---- set-up ----
@@ -221,7 +222,6 @@ class Collector:
     def _core(self, hosts: frozenset[str], sessions: bool) -> CaptureCore:
         return CaptureCore(
             self.settings,
-            self._processor,
             self.default_episode,
             self.stats,
             hosts,

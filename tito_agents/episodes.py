@@ -18,16 +18,15 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from tito_agents._values import as_text
+from tito_agents.assembly import Divergence, EpisodeContext
 from tito_agents.calls import Call, CallStatus, count_calls
 from tito_agents.config import CollectorSettings
 from tito_agents.errors import CaptureError, EpisodeNotEndedError, EpisodeStateError
+from tito_agents.export import EndedEpisode, ExportResult, RecordedCalls
 from tito_agents.samples import Sample, finite_or_none
-
-if TYPE_CHECKING:
-    from tito_agents.assembly import Divergence
 
 logger = logging.getLogger("tito_agents")
 
@@ -187,17 +186,18 @@ class EpisodeReport:
 
 class EpisodeProcessor(Protocol):
     """Where an episode reports what happens to it: the next stage of the pipeline (the
-    collector's `SampleProcessor`), as a tracer's span processor hears of ended spans. An episode knows
-    this protocol, never the collector."""
+    collector's `export.SampleProcessor`), as a tracer's span processor hears of ended spans. An
+    episode knows this protocol, never the collector; it hands over frozen records and keeps what
+    comes back, so the processor never reads or writes the episode itself."""
 
-    def on_calls(self, episode: Episode, calls: list[Call], added: int) -> None:
-        """Calls were recorded (`added` of them new). Runs on the request path: it must not block
-        or raise."""
+    def on_calls(self, recorded: RecordedCalls) -> None:
+        """Calls were recorded on an episode. Runs on the request path: it must not block or
+        raise."""
 
-    def on_end(self, episode: Episode, *, failed: bool) -> None:
-        """The episode ended (`failed`: its body raised). May raise what the policies say."""
+    def on_end(self, episode: EndedEpisode) -> ExportResult:
+        """The episode ended: its samples, handed to the sink, and what its end raises."""
 
-    async def aon_end(self, episode: Episode, *, failed: bool) -> None:
+    async def aon_end(self, episode: EndedEpisode) -> ExportResult:
         """`on_end` for `async with`: never blocks the event loop."""
 
 
@@ -211,6 +211,10 @@ class Episode:
 
     After the exit, `samples` holds the samples the episode produced, in process, whatever the
     sink (see `samples`).
+
+    outside: the collector's episode for calls outside any episode (`Collector.default_episode`):
+    it keeps no calls (memory stays bounded however many it sees); each response's calls go to the
+    processor's thread as they come.
     """
 
     def __init__(
@@ -224,8 +228,10 @@ class Episode:
         agent: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         sessions: bool | None = None,
+        outside: bool = False,
     ) -> None:
         self._processor = processor
+        self._outside = outside
         self._settings = settings
         self.outside_episode = settings.outside_episode
         """What the collector does with calls made outside any episode (adapters name it)."""
@@ -250,12 +256,12 @@ class Episode:
         self.report = EpisodeReport(self.episode_id)
         self._samples: list[Sample] | None = None
         self.closed = False
+        """`end` has begun: calls are no longer added, a second end or a late reward is refused."""
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._call_ids: set[str] = set()
         self._inflight = 0
         self._token: contextvars.Token[Episode | None] | None = None
-        self._ended = False  # `end` has begun: a second end or a late reward is refused
 
     # ---- rewards ----
 
@@ -288,7 +294,7 @@ class Episode:
             call.reward = value
 
     def _refuse_if_ended(self, what: str) -> None:
-        if self._ended:
+        if self.closed:
             raise EpisodeStateError(
                 f"{what} on episode {self.episode_id!r} after its end: an Episode is one rollout, "
                 "ended once (rewards go inside its `with` block); open a new one with "
@@ -307,46 +313,44 @@ class Episode:
         with self._lock:
             return max(self.calls, key=lambda c: (c.seq, c.choice_index), default=None)
 
-    # ---- called by the capture layer (its `CapturedEpisode` protocol documents them) ----
+    # ---- the capture-facing interface (`_capture.episode.CapturedEpisode`; not for user code) ----
 
-    def _next_seq(self) -> int:
+    def call_started(self) -> int:
         """A request is about to be sent: counted in flight; returns its sequence number."""
         with self._lock:
             self._inflight += 1
         return next(self._seq)
 
-    def _call_ended(self) -> None:
-        """A request counted by `_next_seq` is no longer in flight."""
+    def call_ended(self) -> None:
+        """A request counted by `call_started` is no longer in flight."""
         with self._lock:
             self._inflight -= 1
 
-    def _add_calls(self, calls: list[Call]) -> int:
-        """Record calls; a call id already seen (a re-delivered response) is dropped. Returns how
-        many were added; 0 when the episode has already ended (a late call is never a sample)."""
-        added = 0
+    def add_calls(self, calls: list[Call]) -> int:
+        """Record the calls of one response and report them to the processor. A call id already
+        seen (a re-delivered response) is dropped; an ended episode adds none (a late call is
+        never a sample). Returns how many were added."""
         with self._lock:
-            if self.closed:
-                return 0
-            for call in calls:
-                if call.call_id in self._call_ids:
-                    continue
-                self._call_ids.add(call.call_id)
-                self.calls.append(call)
-                if call.status is CallStatus.UNUSABLE and call.error is not None:
-                    self.errors.append(call.error)
-                added += 1
+            late = self.closed
+            added = 0 if late else self._keep_new(calls)
+        outside = self._context() if self._outside and added else None
+        self._processor.on_calls(RecordedCalls(tuple(calls), added, late=late, outside=outside))
         return added
 
-    # ---- called by the export stage (its `EpisodeView` protocol documents them) ----
-
-    def _take_calls(self) -> list[Call]:
-        """Hand over and forget every call recorded so far (the collector's default episode
-        keeps no history, so memory stays bounded however many calls it sees)."""
-        with self._lock:
-            calls, self.calls = self.calls, []
-            self.errors.clear()
-            self._call_ids.clear()
-        return calls
+    def _keep_new(self, calls: list[Call]) -> int:
+        """Keep the calls whose id is new (with the lock); the outside episode keeps none."""
+        if self._outside:
+            return len(calls)
+        added = 0
+        for call in calls:
+            if call.call_id in self._call_ids:
+                continue
+            self._call_ids.add(call.call_id)
+            self.calls.append(call)
+            if call.status is CallStatus.UNUSABLE and call.error is not None:
+                self.errors.append(call.error)
+            added += 1
+        return added
 
     # ---- what the episode produced ----
 
@@ -375,10 +379,6 @@ class Episode:
             )
         return samples
 
-    def _ended_with(self, samples: list[Sample]) -> None:
-        """Called by the processor once the ended episode's samples are assembled."""
-        self._samples = samples
-
     @property
     def settings(self) -> CollectorSettings:
         """The capture settings of the collector that opened this episode (read them; adapters
@@ -406,7 +406,7 @@ class Episode:
         tb: TracebackType | None,
     ) -> None:
         self._reset()
-        if not self._ended:  # ended in the body (an adapter's `end()`): not again, no error
+        if not self.closed:  # ended in the body (an adapter's `end()`): not again, no error
             self.end(failed=exc is not None)
 
     async def __aenter__(self) -> Episode:
@@ -419,24 +419,65 @@ class Episode:
         tb: TracebackType | None,
     ) -> None:
         self._reset()
-        if not self._ended:
+        if not self.closed:
             await self.aend(failed=exc is not None)
 
     def end(self, *, failed: bool = False) -> None:
         """End the episode without `with` (adapters whose framework reports the end by callback):
         its samples go to the sink, then capture errors raise as on a `with` exit. Once."""
-        self._begin_end()
-        self._processor.on_end(self, failed=failed)
+        self._keep(self._processor.on_end(self._close(failed)))
 
     async def aend(self, *, failed: bool = False) -> None:
         """`end` for coroutines."""
-        self._begin_end()
-        await self._processor.aon_end(self, failed=failed)
+        self._keep(await self._processor.aon_end(self._close(failed)))
 
-    def _begin_end(self) -> None:
+    def _close(self, failed: bool) -> EndedEpisode:
+        """Freeze the episode: later calls are not added. Its calls are counted in the report and
+        handed over as one frozen record."""
         with self._lock:
             self._refuse_if_ended("end()")
-            self._ended = True
+            self.closed = True
+            calls = tuple(self.calls)
+            counts = count_calls(calls)
+            report = self.report
+            report.calls = counts.calls
+            report.complete, report.incomplete = counts.complete, counts.incomplete
+            report.unusable, report.in_flight = counts.unusable, self._inflight
+            report.errors = [str(e) for e in self.errors]
+            return EndedEpisode(
+                context=self._context(),
+                calls=calls,
+                errors=tuple(self.errors),
+                failed=failed,
+                in_flight=self._inflight,
+                started_at=self.started_at,
+                empty_advice=self.empty_advice,
+                outside=self._outside,
+            )
+
+    def _keep(self, result: ExportResult) -> None:
+        """Keep what the processor made of the ended episode, then raise what its end raises."""
+        self._samples = list(result.samples)
+        self.divergences.extend(result.divergences)
+        report = self.report
+        report.samples += len(result.samples)
+        report.tokens += result.tokens
+        report.trained_tokens += result.trained_tokens
+        for divergence in result.divergences:
+            kind = divergence.kind.value
+            report.divergences[kind] = report.divergences.get(kind, 0) + 1
+        if result.error is not None:
+            raise result.error
+
+    def _context(self) -> EpisodeContext:
+        """What every sample of the episode carries, as it is now."""
+        return EpisodeContext(
+            episode_id=self.episode_id,
+            episode_reward=self.reward,
+            task_id=self.task_id,
+            group_id=self.group_id,
+            metadata=MappingProxyType(dict(self.metadata)) if self.metadata else None,
+        )
 
     def _reset(self) -> None:
         """Leave the scope. An exit in another context than the entering one (an async generator
@@ -453,19 +494,6 @@ class Episode:
                 "count as late calls. Close generators where they run (contextlib.aclosing)",
                 self.episode_id,
             )
-
-    def _close_calls(self) -> list[Call]:
-        """Freeze the episode: later calls are not added. Returns the calls, counted in the report."""
-        with self._lock:
-            self.closed = True
-            calls = list(self.calls)
-            report = self.report
-            counts = count_calls(calls)
-            report.calls = counts.calls
-            report.complete, report.incomplete = counts.complete, counts.incomplete
-            report.unusable, report.in_flight = counts.unusable, self._inflight
-            report.errors = [str(e) for e in self.errors]
-        return calls
 
     def __repr__(self) -> str:
         return f"Episode({self.episode_id!r}, calls={len(self.calls)}, reward={self.reward})"

@@ -1,14 +1,18 @@
 """Export: the stage after episodes. Ended episodes become samples (assembly) and go to the sink;
 failures are caught, logged once and counted, never thrown into the agent's calls.
 
-The `SampleProcessor` is the `EpisodeProcessor` every episode reports to, in OpenTelemetry's
-terms a processor: it hears of ended episodes (as a span processor hears of ended spans) and
-enqueues their samples to the sink, which exports them (a `BufferedSink` delivers in a thread of
-its own). Two paths:
+The `SampleProcessor` is the `episodes.EpisodeProcessor` every episode reports to, in
+OpenTelemetry's terms a processor: it hears of ended episodes (as a span processor hears of ended
+spans) and enqueues their samples to the sink, which exports them (a `BufferedSink` delivers in a
+thread of its own). Episode and processor exchange values, never each other: an episode hands over
+frozen records (`RecordedCalls` as calls come, `EndedEpisode` at its end, OpenTelemetry's
+`ReadableSpan`), and the processor answers an end with an `ExportResult` the episode keeps (its
+samples and report) and raises from. Two paths:
 
 * an episode's end (`on_end`, on the thread or event loop that exits it): assemble, count, hand
-  the samples to the sink; raise capture errors (and, in the strict mode, a sink failure) there;
-* calls outside any episode (`on_calls` for the default episode, on the request path): only
+  the samples to the sink; the result says what the end raises (capture errors, and in the strict
+  mode a sink failure);
+* calls outside any episode (`on_calls` with `RecordedCalls.outside`, on the request path): only
   counted and queued there; one ``tito-processor`` thread (`_worker.Worker`) assembles and writes
   them, so neither assembly nor the sink ever runs inside the agent's HTTP call (in batches while
   they come often: `EXPORT_LINGER_S`).
@@ -20,7 +24,7 @@ import logging
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
 
 from tito_agents import rescore
 from tito_agents._worker import Worker, WorkSource
@@ -53,46 +57,72 @@ MAX_QUEUED_CALLS = 65536
 (`CollectorStats.lost_samples`) rather than block the agent's call."""
 
 
-class EpisodeCounts(Protocol):
-    """The counters of an episode's report the processor adds to (`episodes.EpisodeReport`)."""
+@dataclass(frozen=True, slots=True)
+class RecordedCalls:
+    """The calls of one response as an episode recorded them: what the processor counts, and,
+    outside any episode, what its thread assembles."""
 
-    samples: int
-    tokens: int
-    trained_tokens: int
-    divergences: dict[str, int]
-    in_flight: int
+    calls: tuple[Call, ...]
+    """The calls of the response (one per choice), new or not."""
+    added: int
+    """How many were new to the episode; the others repeat a call id it had (a re-delivered
+    response, counted in `CollectorStats.duplicate_calls`)."""
+    late: bool = False
+    """The episode had ended: none was added (`CollectorStats.late_calls`)."""
+    outside: EpisodeContext | None = None
+    """Set for calls outside any episode (the collector's default episode, which keeps none): the
+    context the processor's thread assembles them in."""
 
 
-class EpisodeView(Protocol):
-    """What the exporter reads of an episode and hands back to it: an `episodes.Episode` as the
-    export stage sees it. Export knows episodes through this shape only (the stage before it
-    reports through `episodes.EpisodeProcessor`), so it never imports the episodes module."""
+@dataclass(frozen=True, slots=True)
+class EndedEpisode:
+    """An episode as it ended, frozen by the episode under its lock: everything the processor
+    reads to make and judge its samples, so nothing done to the episode later (a late call, a
+    reward) changes what is assembled, and the processor never holds the live episode."""
 
-    episode_id: str
-    task_id: str | None
-    group_id: str | None
-    metadata: dict[str, Any]
-    reward: float | None
-    started_at: float
-    empty_advice: str | None
-    closed: bool
-    errors: list[CaptureError]
-    divergences: list[Divergence]
+    context: EpisodeContext
+    """What every sample of the episode carries: its id, reward, task, group and metadata."""
+    calls: tuple[Call, ...]
+    """Its calls (complete, incomplete and unusable), in the order recorded."""
+    errors: tuple[CaptureError, ...] = ()
+    """Its capture problems: what `ErrorMode.EPISODE` raises once the good calls' samples are
+    written."""
+    failed: bool = False
+    """Its body raised: it has no samples (a crashed rollout has no trustworthy reward)."""
+    in_flight: int = 0
+    """Its requests still without a response: named when it ends with no call."""
+    started_at: float = 0.0
+    """When it was opened (wall clock): calls outside any episode since then explain an end
+    with none of its own."""
+    empty_advice: str | None = None
+    """What to tell the user if it ends with no captured call (`Episode.empty_advice`)."""
+    outside: bool = False
+    """The collector's episode for calls outside any episode: its calls went to the processor as
+    they came, so ending it with none is no warning."""
 
     @property
-    def report(self) -> EpisodeCounts: ...
+    def episode_id(self) -> str:
+        return self.context.episode_id
 
-    def _take_calls(self) -> list[Call]:
-        """Hand over and forget the calls recorded so far (the default episode)."""
-        ...
 
-    def _close_calls(self) -> list[Call]:
-        """Freeze the episode and return its calls."""
-        ...
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    """What the processor made of an ended episode, handed back for the episode to keep."""
 
-    def _ended_with(self, samples: list[Sample]) -> None:
-        """Keep the samples the ended episode produced."""
-        ...
+    samples: tuple[Sample, ...] = ()
+    """The samples handed to the sink (also when it refused them)."""
+    divergences: tuple[Divergence, ...] = ()
+    """Where merged samples split, and why."""
+    tokens: int = 0
+    trained_tokens: int = 0
+    error: Exception | None = None
+    """What the episode's end raises once it has kept all of the above: `EpisodeCaptureError`
+    (`ErrorMode.EPISODE`) or the sink's `SinkError` (`SinkErrorMode.RAISE`); None otherwise."""
+
+
+OutsideBatch = tuple[EpisodeContext, list[Call]]
+"""A batch of the processor's thread: calls outside any episode and the context they are
+assembled in."""
 
 
 class SampleProcessor:
@@ -110,9 +140,7 @@ class SampleProcessor:
         self.sink = sink
         self.stats = stats
         self.settings = settings
-        self.default_episode: EpisodeView | None = None
-        """The collector's episode for calls outside any episode (set once it exists)."""
-        self._worker: Worker[list[Call]] = Worker(
+        self._worker: Worker[OutsideBatch] = Worker(
             WorkSource(
                 waiting=self._waiting,
                 linger=self._linger_for,
@@ -124,7 +152,9 @@ class SampleProcessor:
             name="tito-processor",
         )
         self._queue: deque[Call] = deque()
-        """Calls outside any episode (all of `default_episode`) waiting for the thread."""
+        """Calls outside any episode waiting for the thread."""
+        self._outside: EpisodeContext | None = None
+        """The context of the latest calls outside any episode: what the thread assembles in."""
         self._queued_calls = 0
         """Queued calls and those of the batch being handled."""
         self._recent_outside: deque[tuple[float, str | None]] = deque(maxlen=RECENT_OUTSIDE_CALLS)
@@ -141,15 +171,18 @@ class SampleProcessor:
 
     # ---- the EpisodeProcessor protocol ----
 
-    def on_calls(self, episode: EpisodeView, calls: list[Call], added: int) -> None:
+    def on_calls(self, recorded: RecordedCalls) -> None:
         """Count recorded calls; calls outside any episode are queued for the processor's thread."""
+        calls = recorded.calls
         with self._cond:
             stats = self.stats
-            if added == 0 and episode.closed:
+            if recorded.late:
                 stats.late_calls += len(calls)
                 return
-            stats.duplicate_calls += len(calls) - added
-            if added:  # a re-delivered response (every call id already seen) is no new call
+            stats.duplicate_calls += len(calls) - recorded.added
+            if (
+                recorded.added
+            ):  # a re-delivered response (every call id already seen) is no new call
                 counts = count_calls(calls)
                 stats.complete_calls += counts.complete
                 stats.incomplete_calls += counts.incomplete
@@ -159,45 +192,45 @@ class SampleProcessor:
                     for c in calls
                     if c.status is CallStatus.COMPLETE and c.constrained is not None
                 )
-            if episode is not self.default_episode or not added:
+            if recorded.outside is None or not recorded.added:
                 return
-            taken = episode._take_calls()
-            self._recent_outside.extend((c.started_at, c.agent) for c in taken)
-            if self._queued_calls + len(taken) > MAX_QUEUED_CALLS or self._closing:
+            self._recent_outside.extend((c.started_at, c.agent) for c in calls)
+            full = self._queued_calls + len(calls) > MAX_QUEUED_CALLS or self._closing
+            if full:
                 stats.sink_failures += 1
-                stats.lost_samples += len(taken)
-                full = True
+                stats.lost_samples += len(calls)
             else:
-                self._queue.extend(taken)
-                self._queued_calls += len(taken)
+                self._queue.extend(calls)
+                self._outside = recorded.outside
+                self._queued_calls += len(calls)
                 self._worker.start()
                 self._worker.wake(full=self._queued_calls >= EXPORT_BATCH_CALLS)
-                full = False
         if full:
             logger.error(
                 "%d calls outside any episode dropped: the processor's queue is full (%d calls) or "
                 "closed; counted in collector.stats.lost_samples",
-                len(taken),
+                len(calls),
                 MAX_QUEUED_CALLS,
             )
 
-    def on_end(self, episode: EpisodeView, *, failed: bool) -> None:
-        """Assemble and hand over the episode's samples, then raise what the policies say."""
-        calls = self._close(episode, failed)
+    def on_end(self, episode: EndedEpisode) -> ExportResult:
+        """Assemble the episode's samples and hand them to the sink; the result says what the
+        end raises."""
+        calls = self._calls_to_assemble(episode)
         if rescore.wanted(calls):
             self._count_rescored(_guarded(rescore.rescore, calls))
-        samples = self._finish(episode, calls)
-        episode._ended_with(samples)
+        samples, divergences = self._assemble(episode.context, calls)
         sink_error: SinkError | None = None
         if samples:
             try:
                 self.sink.write(samples)
             except Exception as exc:
                 sink_error = self._sink_failed(samples, exc)
-        self._raise_errors(episode, failed, sink_error)
+        return self._result(episode, samples, divergences, sink_error)
 
-    async def aon_end(self, episode: EpisodeView, *, failed: bool) -> None:
-        calls = self._close(episode, failed)
+    async def aon_end(self, episode: EndedEpisode) -> ExportResult:
+        """`on_end` for `async with`: never blocks the event loop."""
+        calls = self._calls_to_assemble(episode)
         if rescore.wanted(calls):
             try:
                 done = await rescore.arescore(calls)
@@ -205,61 +238,49 @@ class SampleProcessor:
                 logger.exception("re-scoring constrained calls failed")
                 done = 0
             self._count_rescored((done, calls))
-        samples = self._finish(episode, calls)
-        episode._ended_with(samples)
+        samples, divergences = self._assemble(episode.context, calls)
         sink_error: SinkError | None = None
         if samples:
             try:
                 await self.sink.awrite(samples)
             except Exception as exc:
                 sink_error = self._sink_failed(samples, exc)
-        self._raise_errors(episode, failed, sink_error)
+        return self._result(episode, samples, divergences, sink_error)
 
     # ---- assembly ----
 
-    def assemble(self, episode: EpisodeView, calls: list[Call]) -> list[Sample]:
-        """The samples of `calls` of `episode`, in the assembly mode. Divergences found while
-        merging are kept on `episode.divergences` and counted in `episode.report`."""
+    def assemble(
+        self, context: EpisodeContext, calls: list[Call]
+    ) -> tuple[list[Sample], list[Divergence]]:
+        """The samples of `calls` in `context`, in the assembly mode, and where merging split."""
         settings = self.settings
         options = AssemblyOptions.from_tokenizer(
             settings.tokenizer, settings.assembly, settings.turn_discount
         )
-        context = EpisodeContext(
-            episode_id=episode.episode_id,
-            episode_reward=episode.reward,
-            task_id=episode.task_id,
-            group_id=episode.group_id,
-            metadata=dict(episode.metadata) if episode.metadata else None,
-        )
         samples, divergences = assemble(calls, context, options)
         if settings.record_messages:
             attach_call_messages(samples, calls)
-        episode.divergences.extend(divergences)
-        for divergence in divergences:
-            kind = divergence.kind.value
-            episode.report.divergences[kind] = episode.report.divergences.get(kind, 0) + 1
-        return samples
+        return samples, divergences
 
-    def _close(self, episode: EpisodeView, failed: bool) -> list[Call]:
+    def _calls_to_assemble(self, episode: EndedEpisode) -> list[Call]:
         """The calls of an ended episode (none when it failed: a failed episode has no samples)."""
-        calls = episode._close_calls()
         with self._cond:
             self.stats.episodes += 1
-            if failed:
+            if episode.failed:
                 self.stats.failed_episodes += 1
-        if failed:
+        if episode.failed:
             return []
-        if not calls and episode is not self.default_episode:
+        if not episode.calls and not episode.outside:
             self._report_empty(episode)
-        return calls
+        return list(episode.calls)
 
-    def _report_empty(self, episode: EpisodeView) -> None:
+    def _report_empty(self, episode: EndedEpisode) -> None:
         """An episode that ends with no captured call is never silent: it is counted and logged
         with what capture saw while it was open (calls outside any episode, by agent, or none)."""
         with self._cond:
             self.stats.empty_episodes += 1
             outside = Counter(a for t, a in self._recent_outside if t >= episode.started_at)
-        in_flight = episode.report.in_flight
+        in_flight = episode.in_flight
         if in_flight:  # its calls went through capture: the advice to wrap the client is wrong
             logger.warning(
                 "episode %r ended with no captured call while %d of its calls were still in "
@@ -299,12 +320,14 @@ class SampleProcessor:
                 episode.episode_id,
             )
 
-    def _finish(self, episode: EpisodeView, calls: list[Call]) -> list[Sample]:
+    def _assemble(
+        self, context: EpisodeContext, calls: list[Call]
+    ) -> tuple[list[Sample], list[Divergence]]:
         if not calls:
-            return []
-        samples = self.assemble(episode, calls)
-        self._count_samples(episode, samples)
-        return samples
+            return [], []
+        samples, divergences = self.assemble(context, calls)
+        self._count_samples(samples)
+        return samples, divergences
 
     def _count_rescored(self, outcome: tuple[int, list[Call]]) -> None:
         done, calls = outcome
@@ -321,29 +344,41 @@ class SampleProcessor:
                 reason,
             )
 
-    def _count_samples(self, episode: EpisodeView, samples: list[Sample]) -> None:
-        tokens = trained = 0
-        for sample in samples:
-            tokens += sample.num_tokens
-            trained += sample.num_trained
-        report = episode.report
+    def _count_samples(self, samples: list[Sample]) -> None:
+        tokens, trained = _token_counts(samples)
         with self._cond:
-            report.samples += len(samples)
-            report.tokens += tokens
-            report.trained_tokens += trained
             self.stats.samples += len(samples)
             self.stats.tokens += tokens
             self.stats.trained_tokens += trained
 
-    def _raise_errors(
-        self, episode: EpisodeView, failed: bool, sink_error: SinkError | None
-    ) -> None:
-        if failed:
-            return
+    def _result(
+        self,
+        episode: EndedEpisode,
+        samples: list[Sample],
+        divergences: list[Divergence],
+        sink_error: SinkError | None,
+    ) -> ExportResult:
+        tokens, trained = _token_counts(samples)
+        return ExportResult(
+            samples=tuple(samples),
+            divergences=tuple(divergences),
+            tokens=tokens,
+            trained_tokens=trained,
+            error=self._error_to_raise(episode, sink_error),
+        )
+
+    def _error_to_raise(
+        self, episode: EndedEpisode, sink_error: SinkError | None
+    ) -> Exception | None:
+        """What the policies say the episode's end raises (nothing after a failed body: its own
+        exception is on its way)."""
+        if episode.failed:
+            return None
         if episode.errors and self.settings.errors is ErrorMode.EPISODE:
-            raise EpisodeCaptureError(episode.episode_id, list(episode.errors))
+            return EpisodeCaptureError(episode.episode_id, list(episode.errors))
         if sink_error is not None and self.settings.sink_errors is SinkErrorMode.RAISE:
-            raise sink_error
+            return sink_error
+        return None
 
     def _sink_failed(self, samples: list[Sample], exc: Exception) -> SinkError:
         """Count and log a failed hand-off once; the error to raise in the strict mode."""
@@ -374,21 +409,21 @@ class SampleProcessor:
             return 0.0
         return EXPORT_LINGER_S
 
-    def _take(self) -> list[Call] | None:
-        if not self._queue:
+    def _take(self) -> OutsideBatch | None:
+        if not self._queue or self._outside is None:
             return None
         calls = list(self._queue)
         self._queue.clear()
         self._busy = True
-        return calls
+        return self._outside, calls
 
     def _finished(self) -> bool:
         return self._closing
 
-    def _run_batch(self, calls: list[Call]) -> bool:
+    def _run_batch(self, batch: OutsideBatch) -> bool:
+        context, calls = batch
         try:
-            assert self.default_episode is not None  # set before its first call is queued
-            self._export_outside(self.default_episode, calls)
+            self._export_outside(context, calls)
         finally:
             with self._cond:
                 self._queued_calls -= len(calls)
@@ -401,22 +436,23 @@ class SampleProcessor:
         """In a forked child (the worker has a new lock and no thread): the parent hands over
         what it had queued; the child starts with an empty queue, drained at its own exit."""
         self._queue = deque()
+        self._outside = None
         self._queued_calls = 0
         self._busy = False
         self._draining = 0
         lifecycle.drain_before_close(self)
 
-    def _export_outside(self, episode: EpisodeView, calls: list[Call]) -> None:
+    def _export_outside(self, context: EpisodeContext, calls: list[Call]) -> None:
         if rescore.wanted(calls):
             self._count_rescored(_guarded(rescore.rescore, calls))
         try:
-            samples = self.assemble(episode, calls)
+            samples, _ = self.assemble(context, calls)
         except Exception:  # a defect: logged, and the thread goes on with the next calls
             logger.exception("assembling %d calls outside any episode failed", len(calls))
             return
         if not samples:
             return
-        self._count_samples(episode, samples)
+        self._count_samples(samples)
         try:
             self.sink.write(samples)
         except Exception as exc:
@@ -446,6 +482,15 @@ class SampleProcessor:
             thread = self._worker.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+
+def _token_counts(samples: list[Sample]) -> tuple[int, int]:
+    """The tokens and trained tokens of `samples`."""
+    tokens = trained = 0
+    for sample in samples:
+        tokens += sample.num_tokens
+        trained += sample.num_trained
+    return tokens, trained
 
 
 def _guarded(run: Callable[[list[Call]], int], calls: list[Call]) -> tuple[int, list[Call]]:

@@ -162,65 +162,98 @@ def test_layers_import_only_their_own_layer_or_below() -> None:
     )
 
 
-def _protocol_members(modules: dict[str, Path]) -> set[str]:
-    """The names every `Protocol` class of the library declares (methods and attributes)."""
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _receiver_is_own(node: ast.Attribute) -> bool:
+    """`self._x` / `cls._x`: a class reaching its own members."""
+    return isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+
+
+def _private_members(tree: ast.Module) -> set[str]:
+    """The underscored names the classes of a module define: methods, class attributes and
+    attributes set on `self`."""
     names: set[str] = set()
-    for path in modules.values():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.ClassDef):
-                continue
-            bases = {ast.unparse(base) for base in node.bases}
-            if not bases & {"Protocol", "typing.Protocol"}:
-                continue
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                    names.add(item.name)
-                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    names.add(item.target.id)
-    return names
-
-
-def test_what_stages_call_on_an_episode_is_a_named_protocol() -> None:
-    """No hidden second interface: every underscored method of `Episode` that another module
-    calls is declared by a protocol (capture's `CapturedEpisode`, export's `EpisodeView`), where
-    its contract is written."""
-    library = _library()
-    source = library["tito_agents.episodes"].read_text()
-    (episode,) = [
-        node
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.ClassDef) and node.name == "Episode"
-    ]
-    own = {  # what Episode calls on itself is its own business, not an interface
-        node.attr
-        for node in ast.walk(episode)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "self"
-    }
-    private = {
-        item.name
-        for item in episode.body
-        if isinstance(item, ast.FunctionDef)
-        and item.name.startswith("_")
-        and not item.name.startswith("__")
-        and item.name not in own
-    }
-    declared = _protocol_members(library)
-    called = set()
-    for name, path in library.items():
-        if name == "tito_agents.episodes":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (
+    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names.add(node.name)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif (
                 isinstance(node, ast.Attribute)
-                and node.attr in private
-                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+                and isinstance(node.ctx, ast.Store)
+                and _receiver_is_own(node)
             ):
-                called.add((name, node.attr))
-    assert called, "the check found no call into an episode: it no longer sees them"
-    hidden = sorted(f"{name} calls Episode.{attr}" for name, attr in called if attr not in declared)
-    assert hidden == [], "; ".join(hidden)
+                names.add(node.attr)
+    return {name for name in names if _is_private(name)}
+
+
+OWN_MODULE = {"episode": "tito_agents.episodes", "processor": "tito_agents.export"}
+"""Receivers named after these objects (`episode`, `pending.episode`, `self._processor`, ...):
+their underscored members are reached only in the module of their class."""
+
+
+def _foreign_private_uses(sources: dict[str, str]) -> list[str]:
+    """Every `obj._x` in a module where `_x` belongs to another module's class: a member no class
+    of the reaching module defines but one of another module does, or any underscored member of a
+    receiver named `episode` / `processor` outside its own module (`OWN_MODULE`)."""
+    trees = {name: ast.parse(source) for name, source in sources.items()}
+    members = {name: _private_members(tree) for name, tree in trees.items()}
+    found = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            if _receiver_is_own(node):
+                continue
+            receiver = ast.unparse(node.value).rpartition(".")[2].lstrip("_")
+            named = OWN_MODULE.get(receiver.rpartition("_")[2])
+            owners = sorted(m for m, names in members.items() if m != name and node.attr in names)
+            if (named is not None and named != name) or (owners and node.attr not in members[name]):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)} (of {named or owners})")
+    return found
+
+
+def test_no_module_reaches_into_another_modules_objects() -> None:
+    """Stages talk through public names and values (an episode hands its processor frozen records
+    and keeps what comes back), never through each other's underscored members."""
+    library = {name: path.read_text() for name, path in _library().items()}
+    assert _foreign_private_uses(library) == []
+
+
+def test_the_private_member_check_sees_what_it_forbids() -> None:
+    """The check above is not vacuous: it finds a processor reaching into an episode, capture
+    reaching into an episode by a member name, and an episode reaching into its processor."""
+    sources = {
+        "tito_agents.episodes": (
+            "class Episode:\n"
+            "    def _take_calls(self):\n"
+            "        self._calls = []\n"
+            "    def end(self):\n"
+            "        self._processor._queue.clear()\n"
+        ),
+        "tito_agents.export": (
+            "class SampleProcessor:\n"
+            "    def on_end(self, episode):\n"
+            "        episode._take_calls()\n"
+            "        self._queue = []\n"
+        ),
+        "tito_agents._capture.core": (
+            "class CaptureCore:\n"
+            "    def finish(self, pending):\n"
+            "        pending.episode._add_calls([])\n"
+            "        self.default._calls.clear()\n"
+        ),
+    }
+    found = _foreign_private_uses(sources)
+    assert [f.partition(" (")[0] for f in found] == [
+        "tito_agents.episodes:5: self._processor._queue",
+        "tito_agents.export:3: episode._take_calls",
+        "tito_agents._capture.core:3: pending.episode._add_calls",
+        "tito_agents._capture.core:4: self.default._calls",
+    ]
 
 
 def test_library_never_imports_the_test_package() -> None:

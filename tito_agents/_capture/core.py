@@ -12,7 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from tito_agents.errors import CaptureError, MalformedResponseError, OutsideEpis
 logger = logging.getLogger("tito_agents")
 
 if TYPE_CHECKING:
-    from tito_agents.episodes import Episode, EpisodeProcessor
+    from tito_agents.episodes import Episode
 
 _SESSION_ENDPOINTS = frozenset({Endpoint.CHAT, Endpoint.RESPONSES})
 _WIDE_INT = re.compile(rb"\d{19}")
@@ -78,7 +78,7 @@ def _has_wide_number(value: Any) -> bool:
 
 class CaptureCore:
     """Request/response logic of the transports for a set of vLLM hosts: reads `settings`, counts
-    in `stats`, records calls on their episode and reports them to `processor` (the next stage).
+    in `stats`, records calls on their episode (which reports them to the next stage).
     Calls outside any episode go to `default_episode`. An episode is used only through
     `CapturedEpisode`; token-in sessions are kept in `session_store` (one per process unless
     given), never on the episode."""
@@ -86,7 +86,6 @@ class CaptureCore:
     def __init__(
         self,
         settings: CollectorSettings,
-        processor: EpisodeProcessor,
         default_episode: Episode,
         stats: CollectorStats,
         vllm_hosts: frozenset[str],
@@ -95,7 +94,6 @@ class CaptureCore:
         session_store: SessionStore | None = None,
     ) -> None:
         self.settings = settings
-        self.processor = processor
         self.default_episode = default_episode
         self.stats = stats
         self.vllm_hosts = vllm_hosts
@@ -191,7 +189,7 @@ class CaptureCore:
                 cause = FallbackReason.UNPLANNABLE_REQUEST
                 pending.session_fallback = cause.explain(f" ({_cause(exc)})")
         # counted in flight last: nothing above leaves a call counted that is never sent
-        pending.seq = episode._next_seq()
+        pending.seq = episode.call_started()
         self.stats.requests += 1
         return new_body, pending
 
@@ -241,7 +239,7 @@ class CaptureCore:
         if pending.finished:
             return
         pending.finished = True
-        pending.episode._call_ended()
+        pending.episode.call_ended()
         self.stats.requests -= 1
         self.uncaptured(exc)
 
@@ -279,7 +277,7 @@ class CaptureCore:
         if pending.finished:
             return
         pending.finished = True
-        pending.episode._call_ended()
+        pending.episode.call_ended()
         self.stats.failed_attempts += 1
 
     def finish_body(self, pending: PendingCall, status: int, body: bytes) -> bytes | None:
@@ -351,7 +349,7 @@ class CaptureCore:
             return
         pending.finished = True
         episode = pending.episode
-        episode._call_ended()
+        episode.call_ended()
         ended = time.time()
         response_id = parser.response_id or f"tito-{uuid.uuid4().hex}"
         info = pending.info
@@ -419,10 +417,7 @@ class CaptureCore:
         elif pending.session_fallback is not None:
             for call in calls:
                 call.session, call.session_reason = SessionNote.FALLBACK, pending.session_fallback
-        added = episode._add_calls(calls)
-        # the processor hears of the episode itself: capture took it from `episodes` (attribution
-        # or the default episode), an `Episode` that capture reads only as a `CapturedEpisode`
-        self.processor.on_calls(cast("Episode", episode), calls, added)
+        episode.add_calls(calls)  # the episode reports them to the next stage
         raise_now = self.settings.errors is ErrorMode.RAISE and incomplete is None
         if first_error is not None and raise_now:
             raise first_error

@@ -4,9 +4,8 @@ capture stage and the episodes stage.
 Capture resolves the episode of each request (`episodes.resolve_attribution`, or the collector's
 default episode) and from then on uses only what this protocol names: the attribution it stamps
 on calls, the user's session setting, and three calls that keep the episode's in-flight count and
-record its calls. `episodes.Episode` implements it; the methods are underscored because they are
-internal to the library (users never call them), and this protocol is their documentation. The
-export stage has its own view of an episode (`export.EpisodeView`).
+record its calls (`episodes.Episode` implements them; user code never calls them). The episode,
+not capture, reports recorded calls to the next stage (`episodes.EpisodeProcessor`).
 """
 
 from __future__ import annotations
@@ -42,19 +41,20 @@ class CapturedEpisode(Protocol):
         start from (`end_of_turn_id`, the tail checks shared by all its sessions)."""
         ...
 
-    def _next_seq(self) -> int:
+    def call_started(self) -> int:
         """A request of the episode is about to be sent: count it in flight and return its
         sequence number (request order within the episode). Each call is matched by exactly one
-        `_call_ended`."""
+        `call_ended`."""
         ...
 
-    def _call_ended(self) -> None:
-        """A request counted by `_next_seq` is no longer in flight: its response was recorded,
+    def call_ended(self) -> None:
+        """A request counted by `call_started` is no longer in flight: its response was recorded,
         it failed (no call), or it was sent uncaptured after all."""
         ...
 
-    def _add_calls(self, calls: list[Call]) -> int:
-        """Record the calls of one response (one per choice). Returns how many were new: a call
-        id seen before (a re-delivered response) is dropped, and an ended episode adds none
-        (a late call is never a sample). Runs on the request path: never blocks for long."""
+    def add_calls(self, calls: list[Call]) -> int:
+        """Record the calls of one response (one per choice) and report them to the next stage.
+        Returns how many were new: a call id seen before (a re-delivered response) is dropped,
+        and an ended episode adds none (a late call is never a sample). Runs on the request
+        path: never blocks for long, never raises."""
         ...

@@ -119,7 +119,7 @@ class TextRows:
     """`TrlRollout(rows=...)`: the episodes' rows as the text pipeline rebuilds them."""
 
     def __init__(self, tokenizer: Any) -> None:
-        from tito_agents.trainer_check.compare import SERVED_TEMPLATE_PATH
+        from tito_agents.trainer_check.side_by_side import SERVED_TEMPLATE_PATH
 
         self.tokenizer = tokenizer
         self.template = SERVED_TEMPLATE_PATH.read_text()
@@ -129,7 +129,7 @@ class TextRows:
         self, samples: list[tito.Sample], episodes: list[tito.Episode], _n: int
     ) -> dict[str, list[Any]]:
         from tito_agents.trainer_check import constrained_calls
-        from tito_agents.trainer_check.compare import text_rows
+        from tito_agents.trainer_check.side_by_side import text_rows
 
         calls = {c.call_id: c for ep in episodes for c in ep.calls}
         forced = constrained_calls(samples, calls)

@@ -5,7 +5,6 @@ samples are exact both ways; `compare` reports the figures only for samples that
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +21,8 @@ from tito_agents.trainer_check import (  # noqa: E402
     compare,
     grpo_step,
     load_policy,
+    side_by_side,
 )
-
-compare_module = importlib.import_module("tito_agents.trainer_check.compare")  # not the function
 from tito_agents.trainer_check.model import logits_of  # noqa: E402
 
 VOCAB = 64
@@ -95,7 +93,7 @@ def test_compare_reports_behaviour_figures_only_when_needed(
     class NoTokenizer:  # the tiny model has none; only its pad id is read without a text pipeline
         pad_token_id = 0
 
-    monkeypatch.setattr(compare_module, "load_tokenizer", lambda _path: NoTokenizer())
+    monkeypatch.setattr(side_by_side, "load_tokenizer", lambda _path: NoTokenizer())
     model = load_policy(tiny_dir, "fp32")
     tempered = [_sample(model, 3, SamplingParams(temperature=0.5))]
     result = compare(tempered, {}, tiny_dir, layouts=("pack",), text_dtypes=())

@@ -35,7 +35,7 @@ from tito_agents.rl.versions import VersionLog, push_and_record
 from tito_agents.rl.weights import DEFAULT_TIMEOUT, PauseMode, WeightUpdate
 
 CLIP = 0.2
-"""PPO's clip range for `frac_outside_clip` (as `trainer_check.stats.CLIP`)."""
+"""PPO's clip range for `frac_outside_clip` (as `trainer_check.ratio_stats.CLIP`)."""
 
 
 class EngineSync:

@@ -7,7 +7,7 @@ For each configuration (baseline T=1, T=0.7, top_p 0.8, top_k 20, min_p 0.1, T=0
 `--config NAME` picks some) it sends `--calls` free-text chat calls of `--max-tokens` tokens through a
 collector, declares the server's logprobs mode on the spans (probed unless `--logprobs-mode` says
 it: vLLM's mode is server-wide and not readable from the API, see `tito_agents.sampling`), then
-scores the samples with the served weights in fp32 (`behaviour.behaviour_figures`): naive and
+scores the samples with the served weights in fp32 (`behaviour_ratios.behaviour_figures`): naive and
 behaviour-corrected mean |log ratio| and share outside [0.8, 1.2]. It prints one Markdown table row
 per configuration (docs/trainer-check.md, "Sampling: temperature and truncation") and writes
 every figure to `--out`. Run it once per server logprobs mode (`--logprobs-mode` is a server flag).
@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from tito_agents.sampling import declare_sampling, probe_logprobs_mode
-from tito_agents.trainer_check.behaviour import BehaviourFigures, behaviour_figures
+from tito_agents.trainer_check.behaviour_ratios import BehaviourFigures, behaviour_figures
 from tito_agents.trainer_check.model import load_policy
 
 CONFIGS: dict[str, dict[str, float | int]] = {

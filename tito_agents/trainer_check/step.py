@@ -38,7 +38,7 @@ from tito_agents.samples import Sample
 from tito_agents.sampling import PROCESSED_LOGPROBS
 from tito_agents.trainer_check import _deps
 from tito_agents.trainer_check.model import block_causal_mask, gather_logprobs
-from tito_agents.trainer_check.stats import CLIP
+from tito_agents.trainer_check.ratio_stats import CLIP
 
 
 @dataclass(frozen=True, slots=True)

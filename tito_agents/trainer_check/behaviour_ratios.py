@@ -29,7 +29,7 @@ import numpy.typing as npt
 from tito_agents.convert.behaviour import TokenSampling, behaviour_logprobs
 from tito_agents.samples import Sample
 from tito_agents.trainer_check.model import logits_of
-from tito_agents.trainer_check.stats import RatioStats
+from tito_agents.trainer_check.ratio_stats import RatioStats
 
 
 @dataclass(slots=True)

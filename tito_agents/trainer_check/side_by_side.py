@@ -23,10 +23,10 @@ import numpy.typing as npt
 from tito_agents.calls import Call
 from tito_agents.convert import needs_behaviour_logprobs
 from tito_agents.samples import Sample
-from tito_agents.trainer_check.behaviour import BehaviourFigures, behaviour_figures
+from tito_agents.trainer_check.behaviour_ratios import BehaviourFigures, behaviour_figures
 from tito_agents.trainer_check.layouts import LAYOUTS, TokenScores, score_layout
 from tito_agents.trainer_check.model import load_policy, load_tokenizer, next_token_logprobs
-from tito_agents.trainer_check.stats import CLIP, RatioStats
+from tito_agents.trainer_check.ratio_stats import CLIP, RatioStats
 from tito_agents.trainer_check.text_pipeline import TextRow, rebuild
 
 HISTOGRAM_LIMIT = 20_000
@@ -154,8 +154,9 @@ class Comparison:
     extra: dict[str, Any] = field(default_factory=dict)
     """Whatever else the run reports (the RL step, the second round)."""
     behaviour: dict[str, BehaviourFigures] = field(default_factory=dict)
-    """`behaviour[dtype]`: naive and behaviour-corrected ratios (`behaviour.behaviour_figures`),
-    in the first dtype, when some span was sampled tempered or truncated."""
+    """`behaviour[dtype]`: naive and behaviour-corrected ratios
+    (`behaviour_ratios.behaviour_figures`), in the first dtype, when some span was sampled tempered
+    or truncated."""
 
     def headline(self) -> tuple[str, str]:
         """The two lines that matter: tito and the text pipeline, first dtype, free tokens; tito's

@@ -52,8 +52,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway import TOKEN as GATEWAY_TOKEN
-from tests.gateway import free_port, serve_cli
+from tests.support.gateway_harness import TOKEN as GATEWAY_TOKEN
+from tests.support.gateway_harness import free_port, serve_cli
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
 
 pytestmark = pytest.mark.timeout(180)

@@ -30,9 +30,10 @@ import pytest
 
 from tests.support.e2e_servers import (
     E2E_TIMEOUT,
+    PROCESSED_LOGPROBS_SERVER,
+    SCALE_OUT,
     SERVER_FIXTURES,
     STANDARD,
-    ServerConfig,
     VllmServers,
 )
 
@@ -95,28 +96,15 @@ def vllm_root_url(vllm_base_url: str) -> str:
     return vllm_base_url.removesuffix("/v1")
 
 
-SCALE_OUT = ServerConfig(extra_args="--enable-scale-out")
-"""A server with vLLM's scale-out routes (`/v1/messages/render`: the ids of its own rendering of a
-Messages request). Harmless to add to the standard server's flags (`TITO_VLLM_EXTRA_ARGS`): then
-`vllm_scale_out_url` uses it and no second server starts."""
-
-
-PROCESSED_LOGPROBS = ServerConfig(extra_args="--logprobs-mode processed_logprobs")
-"""A server that returns the logprobs of the distribution it sampled from (after temperature and
-top-k/top-p/min-p; vLLM's `--logprobs-mode` is server-wide, so this is a server of its own unless
-the standard one already runs that mode)."""
-
-
 @pytest.fixture(scope="session")
 def vllm_processed_url(vllm_base_url: str, vllm_model: str, vllm_servers: VllmServers) -> str:
     """Base URL of a real vLLM started with `--logprobs-mode processed_logprobs`: the standard
     server when a one-token probe shows it runs that mode, else one started with the flag."""
-    from tito_agents.sampling import PROCESSED_LOGPROBS as MODE
-    from tito_agents.sampling import probe_logprobs_mode
+    from tito_agents.sampling import PROCESSED_LOGPROBS, probe_logprobs_mode
 
-    if probe_logprobs_mode(vllm_base_url, vllm_model, timeout=120) == MODE:
+    if probe_logprobs_mode(vllm_base_url, vllm_model, timeout=120) == PROCESSED_LOGPROBS:
         return vllm_base_url
-    return vllm_servers.url(PROCESSED_LOGPROBS)
+    return vllm_servers.url(PROCESSED_LOGPROBS_SERVER)
 
 
 @pytest.fixture(scope="session")

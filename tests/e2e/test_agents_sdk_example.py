@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 import tito_agents as tito
-from tests.rescoring import rescored_logprobs
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL
+from tests.support.rescore_check import rescored_logprobs
 
 pytest.importorskip("tito_agents_openai_agents", reason="needs tito-agents[openai-agents]")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import tito_agents as tito
-from tests.gateway import ServedGateway
+from tests.support.gateway_harness import ServedGateway
 from tito_agents.sinks import MemorySink
 from tito_agents.testing import captured_samples
 

@@ -12,9 +12,9 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.gateway import ServedGateway
-from tests.rescoring import rescore_sample
+from tests.support.gateway_harness import ServedGateway
 from tests.support.real_vllm import MEAN_TOL
+from tests.support.rescore_check import rescore_sample
 from tito_agents.sinks import MemorySink
 from tito_agents.testing import captured_samples
 
@@ -51,7 +51,7 @@ def test_python_and_node_clients_through_the_gateway_give_exact_samples(
         reports = [control.close("py", reward=1.0)]
         node_ran = shutil.which("node") is not None
         if node_ran:
-            from tests.gateway import run_node
+            from tests.support.gateway_harness import run_node
 
             control.open("node")
             run_node(f"{served.url}/episodes/node/v1", vllm_model)

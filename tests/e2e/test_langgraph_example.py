@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import tito_agents as tito
-from tests.rescoring import rescore_sample
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL
+from tests.support.rescore_check import rescore_sample
 from tito_agents.testing.smollm2 import load_tokenizer
 
 pytestmark = pytest.mark.e2e
@@ -61,7 +61,8 @@ def test_langgraph_example_writes_exact_samples(
             assert f"weather in {city} right now" in prompt  # its own question, never another's
     # The first model call of an episode is a forced (grammar-constrained) tool call: its rollout
     # logprobs are of the masked distribution, which a free re-scoring cannot reproduce (see
-    # tests/rescoring.py `constrained`). The answers after the tool result are free: re-score them.
+    # `constrained` in tests/support/rescore_check.py). The answers after the tool result are
+    # free: re-score them.
     # Every episode whose forced call ended on its own goes agent -> tools -> agent. A forced call
     # cut at max_completion_tokens usually carries no complete tool call, and LangGraph then ends
     # the episode after one step; but the cut can fall after the JSON closed (only the end-of-turn

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import tito_agents as tito
-from tests.gateway import ServedGateway
-from tests.rescoring import rescored_logprobs
+from tests.support.gateway_harness import ServedGateway
 from tests.support.real_vllm import MEAN_TOL
+from tests.support.rescore_check import rescored_logprobs
 from tito_agents.calls import SessionNote
 from tito_agents.sinks import MemorySink
 from tito_agents.testing import captured_samples

@@ -17,8 +17,8 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.rescoring import constrained, rescore_sample
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS
+from tests.support.rescore_check import constrained, rescore_sample
 from tito_agents.testing import captured_samples
 
 pytestmark = pytest.mark.e2e

@@ -20,8 +20,8 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.rescoring import rescored_logprobs
 from tests.support.real_vllm import ASK, INSTRUCTIONS, MEAN_TOL, RESPONSES_TOOL, TOOLS, tokenize
+from tests.support.rescore_check import rescored_logprobs
 from tito_agents.testing import captured_samples
 
 pytestmark = pytest.mark.e2e

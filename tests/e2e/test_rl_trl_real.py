@@ -31,9 +31,9 @@ pytest.importorskip("torch", reason="the trainer side needs torch (tito-agents[t
 pytest.importorskip("trl", reason="the trainer is TRL's GRPOTrainer")
 
 import tito_agents as tito
-from tests.rescoring import rescore_sample, rescored_logprobs
 from tests.support.e2e_servers import VllmServers, dev_server_url, load_vllm_server_script
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL, tokenize
+from tests.support.rescore_check import rescore_sample, rescored_logprobs
 from tito_agents.rl import TrlRollout, VersionLog, VllmWeights, passthrough_reward
 from tito_agents.rl.trl_engine import RatioProbe, attach_engine
 

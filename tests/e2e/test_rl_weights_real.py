@@ -28,9 +28,9 @@ pytest.importorskip("transformers", reason="the trainer side needs transformers"
 import torch
 
 import tito_agents as tito
-from tests.rescoring import rescore_sample, rescored_logprobs
 from tests.support.e2e_servers import VllmServers, dev_server_url, load_vllm_server_script
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL, tokenize
+from tests.support.rescore_check import rescore_sample, rescored_logprobs
 from tito_agents.rl import VllmWeights, push_weights
 from tito_agents.trainer_check import load_policy
 

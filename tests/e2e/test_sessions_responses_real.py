@@ -17,9 +17,9 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.rescoring import rescore_sample
 from tests.support.real_vllm import ASK, INSTRUCTIONS, MAX_TOL, MEAN_TOL, TOOLS, tokenize
 from tests.support.real_vllm import RESPONSES_TOOL as TOOL
+from tests.support.rescore_check import rescore_sample
 from tito_agents.testing import captured_samples
 from tito_agents.testing.smollm2 import load_tokenizer
 

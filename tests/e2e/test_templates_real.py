@@ -28,9 +28,9 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.rescoring import constrained, rescore_sample
 from tests.support.e2e_servers import ServerConfig, VllmServers
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS
+from tests.support.rescore_check import constrained, rescore_sample
 from tito_agents.calls import SessionNote
 from tito_agents.cli._audit_cases import AuditCase
 from tito_agents.cli._render import load_renderer

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 import tito_agents as tito
-from tests.gateway import RecordingUpstream, ServedGateway, vllm_error, wait_for
+from tests.support.gateway_harness import RecordingUpstream, ServedGateway, vllm_error, wait_for
 from tito_agents.sinks import MemorySink
 from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import MODEL_NAME

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 import tito_agents as tito
-from tests.gateway import ServedGateway, echo_responder, vllm_error
+from tests.support.gateway_harness import ServedGateway, echo_responder, vllm_error
 from tito_agents.sinks import MemorySink
 from tito_agents.testing.fake_vllm import MODEL_NAME, FakeConfig, FakeVLLMServer
 

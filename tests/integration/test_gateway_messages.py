@@ -13,7 +13,7 @@ import anthropic
 import pytest
 
 import tito_agents as tito
-from tests.gateway import RecordingUpstream, ServedGateway
+from tests.support.gateway_harness import RecordingUpstream, ServedGateway
 from tests.support.sessions_fake import responder
 from tito_agents.sinks import MemorySink
 from tito_agents.testing import captured_samples

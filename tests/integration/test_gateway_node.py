@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 import tito_agents as tito
-from tests.gateway import ServedGateway, run_node
+from tests.support.gateway_harness import ServedGateway, run_node
 from tito_agents.sinks import MemorySink
 from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import MODEL_NAME, FakeConfig, FakeVLLMServer

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 import tito_agents as tito
-from tests.gateway import RecordingUpstream, ServedGateway, raw_request, vllm_error
+from tests.support.gateway_harness import RecordingUpstream, ServedGateway, raw_request, vllm_error
 from tito_agents.gateway._routes import MODEL_ROUTES
 from tito_agents.sinks import MemorySink
 from tito_agents.testing.fake_vllm import MODEL_NAME

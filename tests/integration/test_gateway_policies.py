@@ -14,7 +14,7 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.gateway import Control, ServedGateway, serve_cli
+from tests.support.gateway_harness import Control, ServedGateway, serve_cli
 from tito_agents.calls import policy_of
 from tito_agents.sinks import MemorySink
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway import Control, echo_responder, serve_cli
+from tests.support.gateway_harness import Control, echo_responder, serve_cli
 from tito_agents.testing.fake_vllm import MODEL_NAME, FakeConfig, FakeVLLMServer
 
 EPISODES, STREAMS_PER_EPISODE = 32, 8  # 256 streams at once

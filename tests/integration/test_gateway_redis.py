@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway import Control, serve_cli
+from tests.support.gateway_harness import Control, serve_cli
 from tito_agents.testing.fake_vllm import MODEL_NAME, FakeConfig, FakeVLLMServer
 
 pytest.importorskip("redis", reason="redis-py not installed (pip install redis)")

@@ -99,6 +99,16 @@ STANDARD = ServerConfig()
 DEV_MODE = ServerConfig(dev_mode=True)
 """The one dev-mode server the RL e2e tests share (each puts the original weights back)."""
 
+SCALE_OUT = ServerConfig(extra_args="--enable-scale-out")
+"""A server with vLLM's scale-out routes (`/v1/messages/render`: the ids of its own rendering of a
+Messages request). Harmless to add to the standard server's flags (`TITO_VLLM_EXTRA_ARGS`): then
+`vllm_scale_out_url` uses it and no second server starts."""
+
+PROCESSED_LOGPROBS_SERVER = ServerConfig(extra_args="--logprobs-mode processed_logprobs")
+"""A server that returns the logprobs of the distribution it sampled from (after temperature and
+top-k/top-p/min-p; vLLM's `--logprobs-mode` is server-wide, so this is a server of its own unless
+the standard one already runs that mode)."""
+
 
 def dev_server_url(servers: VllmServers) -> str:
     """Base URL of a dev-mode vLLM serving the converted SmolLM2: ``TITO_VLLM_DEV_URL`` when set

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tests.factories import make_call
+from tests.support.call_factory import make_call
 from tito_agents.calls import Call, CallStatus
 
 ENDOFTEXT, IM_START, IM_END, THINK, END_THINK, NL = 0, 1, 2, 3, 4, 5
@@ -80,7 +80,7 @@ def toy_call(
     labels: dict[str, str] | None = None,
     policy: str | None = None,
 ) -> Call:
-    """A call of the toy model (`tests.factories.make_call` with the toy's defaults): the `seq`-th
+    """A call of the toy model (`tests.support.call_factory.make_call` with the toy's defaults): the `seq`-th
     request, timed by `seq`, one distinct rollout logprob per sampled id; `prompt` given as an
     array is used as is (n>1 choices share one prompt array)."""
     prompt_ids = prompt if isinstance(prompt, np.ndarray) else np.array(prompt, dtype=np.int32)

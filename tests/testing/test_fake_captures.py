@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.testing.support import (
+from tests.support.fake_vllm_calls import (
     CAPTURES_DIR,
     DONE,
     Capture,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.testing.support import MESSAGES, WEATHER_TOOL, call, parse_sse, stream_token_ids
+from tests.support.fake_vllm_calls import MESSAGES, WEATHER_TOOL, call, parse_sse, stream_token_ids
 from tito_agents.testing import FakeConfig, FakeVLLM, Faults, StreamCut
 
 CHAT = "/v1/chat/completions"

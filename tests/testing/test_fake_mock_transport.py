@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.testing.support import MESSAGES, parse_sse
+from tests.support.fake_vllm_calls import MESSAGES, parse_sse
 from tito_agents.testing import FakeConfig, FakeResponse, FakeVLLM, mock_transport
 from tito_agents.testing.fake_vllm._mock import openai_http_module
 from tito_agents.testing.smollm2 import MODEL_NAME

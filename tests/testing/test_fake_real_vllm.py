@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.testing.support import DONE, REPO_ROOT, Capture, call, load_capture
+from tests.support.fake_vllm_calls import DONE, REPO_ROOT, Capture, call, load_capture
 from tito_agents.testing import FakeConfig, FakeVLLM
 from tito_agents.testing.smollm2 import MODEL_NAME
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.testing.support import (
+from tests.support.fake_vllm_calls import (
     REPO_ROOT,
     Capture,
     call,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.testing.support import call
+from tests.support.fake_vllm_calls import call
 from tito_agents.testing import FakeConfig, FakeVLLM, RequestView, hermes_tool_call
 
 NAMESPACE = {

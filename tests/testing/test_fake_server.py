@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.testing.support import MESSAGES, REPO_ROOT, WEATHER_TOOL
+from tests.support.fake_vllm_calls import MESSAGES, REPO_ROOT, WEATHER_TOOL
 from tito_agents.testing import FakeVLLMServer
 
 RETURN_IDS = {"return_token_ids": True}

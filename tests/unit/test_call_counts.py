@@ -6,8 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import tito_agents as tito
-from tests.captures import MSG, Capture, Replay, load_capture, replay_clients, run_sync
-from tests.factories import make_call
+from tests.support.call_factory import make_call
+from tests.support.capture_replay import (
+    MSG,
+    Capture,
+    Replay,
+    load_capture,
+    replay_clients,
+    run_sync,
+)
 from tito_agents.calls import CallCounts, CallStatus, count_calls
 from tito_agents.testing import captured_samples
 

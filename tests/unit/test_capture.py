@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import tito_agents as tito
-from tests.captures import (
+from tests.support.capture_replay import (
     Capture,
     Replay,
     load_capture,

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.captures import (
+from tests.support.capture_replay import (
     MSG,
     Capture,
     Replay,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import tito_agents as tito
-from tests.captures import Capture, Replay, load_capture, replay_clients
+from tests.support.capture_replay import Capture, Replay, load_capture, replay_clients
 from tito_agents.calls import Endpoint
 from tito_agents.testing import captured_samples
 

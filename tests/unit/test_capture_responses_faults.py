@@ -19,7 +19,14 @@ from hypothesis import strategies as st
 from openai._streaming import SSEDecoder as SdkDecoder
 
 import tito_agents as tito
-from tests.captures import BASE_URL, REAL_VLLM, Capture, Replay, load_capture, replay_clients
+from tests.support.capture_replay import (
+    BASE_URL,
+    REAL_VLLM,
+    Capture,
+    Replay,
+    load_capture,
+    replay_clients,
+)
 from tito_agents import errors
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, Faults, mock_transport
 

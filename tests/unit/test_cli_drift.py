@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.factories import make_call
+from tests.support.call_factory import make_call
 from tests.support.cli_samples import _sample, run_cli, write_samples
 from tito_agents.samples import Sample
 from tito_agents.testing.smollm2 import TOOLS_TEMPLATE_PATH, load_tokenizer, tokenizer_dir

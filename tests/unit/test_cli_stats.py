@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.factories import make_call
+from tests.support.call_factory import make_call
 from tests.support.cli_samples import _sample, merged_episode, run_cli, write_samples
 from tito_agents.cli._progress import Progress
 from tito_agents.cli.stats import collect_stats

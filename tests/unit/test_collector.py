@@ -8,7 +8,14 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.captures import BASE_URL, Replay, load_capture, replay_clients, run_async, run_sync
+from tests.support.capture_replay import (
+    BASE_URL,
+    Replay,
+    load_capture,
+    replay_clients,
+    run_async,
+    run_sync,
+)
 from tito_agents.sinks import MemorySink
 from tito_agents.testing import captured_samples
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.factories import make_call
+from tests.support.call_factory import make_call
 from tito_agents.assembly import AssemblyMode, AssemblyOptions, EpisodeContext
 from tito_agents.assembly.merged import assemble_merged
 from tito_agents.assembly.per_call import sample_of_call

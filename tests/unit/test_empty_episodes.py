@@ -10,7 +10,7 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.captures import Replay, load_capture, replay_clients, run_sync
+from tests.support.capture_replay import Replay, load_capture, replay_clients, run_sync
 from tito_agents import integration
 
 

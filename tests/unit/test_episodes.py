@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import tito_agents as tito
-from tests.captures import Replay, load_capture, replay_clients, run_async, run_sync
+from tests.support.capture_replay import Replay, load_capture, replay_clients, run_async, run_sync
 from tito_agents import integration
 from tito_agents.episodes import current_labels, resolve_attribution
 from tito_agents.testing import captured_samples

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import tito_agents as tito
-from tests.captures import (
+from tests.support.capture_replay import (
     REPO_ROOT,
     Capture,
     Replay,
@@ -177,8 +177,8 @@ _FULL_DISK_AGENT = textwrap.dedent(
     """
     import asyncio, json, resource, sys
     import tito_agents as tito
-    from tests.captures import Replay, load_capture, replay_clients
-    from tests.captures import run_async, run_sync
+    from tests.support.capture_replay import Replay, load_capture, replay_clients
+    from tests.support.capture_replay import run_async, run_sync
 
     path, spill = sys.argv[1], sys.argv[2]
     resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # the disk fills up at 20 kB
@@ -250,7 +250,7 @@ _EXIT_WITHOUT_CLOSE = textwrap.dedent(
     """
     import time
     import tito_agents as tito
-    from tests.captures import Replay, load_capture, replay_clients, run_sync
+    from tests.support.capture_replay import Replay, load_capture, replay_clients, run_sync
 
     def slow_write(samples):
         time.sleep(0.5)  # the processor's thread is still writing when the program ends

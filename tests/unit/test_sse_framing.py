@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from openai._streaming import SSEDecoder as SdkDecoder
 
 import tito_agents as tito
-from tests.captures import BASE_URL, REAL_VLLM, Capture, load_capture
+from tests.support.capture_replay import BASE_URL, REAL_VLLM, Capture, load_capture
 from tito_agents._capture.wire import SSEDecoder
 
 ENDINGS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tito_agents as tito
-from tests.captures import Replay, load_capture, replay_clients, run_sync
+from tests.support.capture_replay import Replay, load_capture, replay_clients, run_sync
 from tito_agents import _state_dirs
 from tito_agents.cli.serve import TOKEN_ENV, control_token
 from tito_agents.samples import Sample

@@ -10,7 +10,7 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from tests.captures import Capture, load_capture
+from tests.support.capture_replay import Capture, load_capture
 from tito_agents._capture import tee as tee_module
 from tito_agents._capture.pending import PendingCall
 from tito_agents._capture.tee import StreamTee

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.captures import BASE_URL, MSG, load_capture
+from tests.support.capture_replay import BASE_URL, MSG, load_capture
 from tito_agents._capture.chat.parser import ChoicesParser
 from tito_agents.errors import MalformedResponseError
 

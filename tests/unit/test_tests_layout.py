@@ -1,7 +1,9 @@
-"""The test tree's own rule: shared helpers live in `tests/support/` (and `tests/factories.py`,
-`tests/captures.py`, ...), so no test module, conftest included, is imported by another module.
-A test that imports another test's module also collects its tests twice and couples two files
-that should change alone."""
+"""The test tree's own rules: every shared helper module lives in `tests/support/`, and no test
+module, conftest included, is imported by another module.
+
+One home for helpers means a reader looks in one place for what a test calls; a conftest holds
+only fixtures and hooks. A test that imports another test's module also collects its tests twice
+and couples two files that should change alone."""
 
 from __future__ import annotations
 
@@ -32,13 +34,35 @@ def _imported(path: Path) -> set[str]:
     return names
 
 
+def _python_modules(tests: Path) -> list[Path]:
+    """The Python files of the test tree (npm packages the Node.js tests install excluded)."""
+    return sorted(p for p in tests.rglob("*.py") if "node_modules" not in p.parts)
+
+
+def _misplaced_helpers(tests: Path) -> list[Path]:
+    """Modules that are neither tests, conftests, package markers, nor in `support/`."""
+    support = tests / "support"
+    return [
+        path
+        for path in _python_modules(tests)
+        if support not in path.parents
+        and path.name not in ("conftest.py", "__init__.py")
+        and not path.name.startswith("test_")
+    ]
+
+
 def test_no_test_module_imports_another_test_module() -> None:
     offenders = []
-    for path in sorted(TESTS.rglob("*.py")):
+    for path in _python_modules(TESTS):
         for name in _imported(path):
             if _is_test_module(name) or name.startswith(".test_"):
                 offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not offenders, "move shared helpers into tests/support/:\n" + "\n".join(offenders)
+
+
+def test_every_helper_module_lives_in_tests_support() -> None:
+    misplaced = [str(path.relative_to(ROOT)) for path in _misplaced_helpers(TESTS)]
+    assert not misplaced, "move these helper modules into tests/support/:\n" + "\n".join(misplaced)
 
 
 def test_the_check_sees_an_import_of_a_test_module(tmp_path: Path) -> None:
@@ -49,3 +73,18 @@ def test_the_check_sees_an_import_of_a_test_module(tmp_path: Path) -> None:
     assert {"tests.integration.test_sinks_redis", "tests.e2e.conftest"} <= {
         n for n in _imported(probe) if _is_test_module(n)
     }
+
+
+def test_the_check_sees_a_helper_module_outside_support(tmp_path: Path) -> None:
+    for name in (
+        "support/helpers.py",
+        "unit/test_x.py",
+        "unit/conftest.py",
+        "unit/__init__.py",
+        "node/node_modules/pkg/tool.py",
+        "helpers.py",
+        "unit/factories.py",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert _misplaced_helpers(tmp_path) == [tmp_path / "helpers.py", tmp_path / "unit/factories.py"]

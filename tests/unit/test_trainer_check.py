@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.factories import make_call
+from tests.support.call_factory import make_call
 
 torch = pytest.importorskip("torch", reason="the trainer check needs torch")
 transformers = pytest.importorskip("transformers", reason="the trainer check needs transformers")

@@ -19,7 +19,7 @@ import httpx2
 import pytest
 
 import tito_agents as tito
-from tests.captures import BASE_URL, Capture, load_capture
+from tests.support.capture_replay import BASE_URL, Capture, load_capture
 
 LIBRARIES = [httpx, httpx2]
 
@@ -134,7 +134,7 @@ def test_zstd_streams_are_read_where_the_http_library_can_decode_them(module_nam
     saying which encoding, never as a stream that "ended without [DONE]"."""
     import importlib
 
-    from tests.captures import MSG, streamed_ids
+    from tests.support.capture_replay import MSG, streamed_ids
 
     zstandard = pytest.importorskip("zstandard")  # here through langsmith; httpx needs it too
 

@@ -111,7 +111,7 @@ def test_an_episode_metadata_entry_named_like_the_labels_is_kept(
     """Call labels go to `metadata["labels"]` (per call) or `["call_labels"]` (merged); an episode
     metadata entry of that name was overwritten silently. A dict is merged (labels win per key),
     anything else is kept and the labels are left out, with a warning."""
-    from tests.factories import make_call
+    from tests.support.call_factory import make_call
     from tito_agents.assembly import AssemblyOptions, EpisodeContext, assemble
     from tito_agents.assembly import options as options_module
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.captures import load_capture
+from tests.support.capture_replay import load_capture
 from tito_agents._capture import wire as _wire
 from tito_agents._capture.wire import ResponseParser, SSEDecoder, fastpath, prepare_request
 from tito_agents.calls import Endpoint

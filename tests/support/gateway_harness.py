@@ -355,7 +355,7 @@ def echo_responder(view: object) -> str:
     return f"You said: {text}"
 
 
-NODE_DIR = Path(__file__).resolve().parent / "node"
+NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 
 
 def node_client() -> Path:

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx2
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = REPO_ROOT / "tests" / "data" / "captures"
 REAL_VLLM = REPO_ROOT / "tests" / "data" / "real_vllm"
 """Captures of a real vLLM 0.32 serving SmolLM2-135M (same file format, real English and ids)."""

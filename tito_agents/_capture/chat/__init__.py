@@ -1,3 +1,3 @@
-"""Chat completions and completions (`/v1/chat/completions`, `/v1/completions`): `parser` reads
-their bodies and stream events (choices, ids, logprobs, usage). Their request rewrite is the
-common one in `wire/request.py`."""
+"""Chat completions and completions (`/v1/chat/completions`, `/v1/completions`): `request` (what
+capture adds to a request: `return_token_ids`, `logprobs` on demand) and `parser` (their bodies
+and stream events: choices, ids, logprobs, usage; the caller's copy of a body)."""

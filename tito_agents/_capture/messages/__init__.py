@@ -1,4 +1,6 @@
-"""Anthropic Messages (`/v1/messages`), which vLLM serves by converting to chat: `convert` (the
-request as vLLM's own chat conversion), `check` (what vLLM's request model accepts), `probe` (the
-conversion choices read from the server's template), `reply` (a chat answer back as Messages
-answers it) and `relay` (the probes' plan and the live stream relay)."""
+"""Anthropic Messages (`/v1/messages`), which vLLM serves by converting to chat: `request` (what
+capture sends: the request as vLLM's own chat conversion, prepared as a chat request), `convert`
+(that conversion), `check` (what vLLM's request model accepts), `probe` (the conversion choices
+read from the server's template), `reply` (a chat answer back as Messages answers it) and `relay`
+(the probes' plan and the live stream relay). The I/O of a Messages call (its probes, the answer
+converted back) is driven by `_capture/flow.py`, whose Messages steps call these."""

@@ -1,24 +1,26 @@
-"""Requests: whether a request to a vLLM host is captured, and what is added to it.
+"""Requests, what every endpoint shares: whether a request to a vLLM host is captured, and the
+dispatch to the endpoint that adds what capture needs.
 
-`prepare_request` adds `return_token_ids` (and logprobs on demand) without overriding what the
-caller set, and records what a trainer needs to interpret the rollout (`RequestInfo.sampling`).
-It reads the fields it needs as vLLM's pydantic models do (lax mode) and gives up on a value vLLM
-would refuse (`UnreadableRequest`: the request is then sent as written, uncaptured, so the caller
-gets the server's own error); what it adds is spliced into the caller's bytes (`wire.splice`).
-Shapes: docs/vllm-wire-format.md."""
+`prepare_request` hands a request to the preparation of its endpoint, each in its folder:
+`chat/request.py` (chat and completions: `return_token_ids`, `logprobs`), `responses/request.py`
+(`enable_response_messages`, the logprobs `include` entry and `top_logprobs`),
+`messages/request.py` (an Anthropic Messages request as vLLM's own chat conversion). Each adds
+its fields without overriding what the caller set, and records what a trainer needs to interpret
+the rollout (`RequestInfo.sampling`). Here: `RequestInfo`, `endpoint_for_path`, the lax readers
+of a field as vLLM's pydantic models read it (`lax_bool`, `lax_int`; a value vLLM would refuse
+is `UnreadableRequest`: the request is then sent as written, uncaptured, so the caller gets the
+server's own error) and `constraint_of`. What is added is spliced into the caller's bytes
+(`wire.splice`). Shapes: docs/vllm-wire-format.md."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from tito_agents._capture.messages.convert import chat_request
-from tito_agents._capture.messages.probe import probes_needed
-from tito_agents._capture.wire.splice import extend_container, member_values, set_members
 from tito_agents.calls import Endpoint
 
 _SAMPLING_KEYS = (
@@ -53,6 +55,12 @@ _SAMPLING_KEYS = (
     "reasoning",
 )
 _SAMPLING_SET = frozenset(_SAMPLING_KEYS)
+
+
+def sampling_fields(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's fields that say how it was sampled (`RequestInfo.sampling`)."""
+    return {k: v for k, v in payload.items() if k in _SAMPLING_SET}
+
 
 # --------------------------------------------------------------------------------------------------
 # Requests
@@ -91,7 +99,7 @@ class RequestInfo:
     """Responses API: capture added `top_logprobs: 0` (with its `include` entry)."""
     translated_from: str | None = None
     """"messages": the caller's Anthropic Messages request, sent as vLLM's own chat conversion
-    (`endpoint` is CHAT; `prepare_request` of `Endpoint.MESSAGES`)."""
+    (`endpoint` is CHAT; `messages/request.py`)."""
     routed_from: Any = None
     """The `model` the caller wrote when a policy mapping sent the request to another model
     (`prepare_request(model=...)`); None when the request names the model it was sent with."""
@@ -219,10 +227,6 @@ def lax_int(payload: Mapping[str, Any], field: str) -> int | None:
     raise UnreadableRequest(field, value)
 
 
-_ADDED_VALUES: dict[bytes, Any] = {b"true": True, b"0": 0}
-"""The values of the raw members `prepare_request` adds to chat and completions requests."""
-
-
 def _loads(body: bytes) -> dict[str, Any] | None:
     """The request body as a JSON object, or None when it is not one (not captured)."""
     try:
@@ -232,6 +236,46 @@ def _loads(body: bytes) -> dict[str, Any] | None:
     return payload if isinstance(payload, dict) else None
 
 
+Prepared = tuple[bytes | None, RequestInfo]
+"""`(new_body, info)`: the body to send (None: the caller's, unchanged) and what capture keeps."""
+
+
+class Preparer(Protocol):
+    """An endpoint's request preparation (`prepare_request` for one endpoint family).
+
+    `body` is the caller's bytes and `payload` their parse (the preparer may update it to what
+    is sent); `model` is the policy the request is routed to, None when it names it already;
+    `options` are the server's probed conversion choices (read by Messages only)."""
+
+    def __call__(
+        self,
+        endpoint: Endpoint,
+        body: bytes,
+        payload: dict[str, Any],
+        *,
+        capture_logprobs: bool,
+        model: str | None,
+        options: Mapping[str, Any],
+    ) -> Prepared | None: ...
+
+
+_PREPARERS: dict[Endpoint, Preparer] = {}
+P = TypeVar("P", bound=Preparer)
+
+
+def prepares(*endpoints: Endpoint) -> Callable[[P], P]:
+    """Register `preparer` as the request preparation of `endpoints`. Each endpoint folder
+    registers its own (`chat/request.py`, `responses/request.py`, `messages/request.py`);
+    importing `tito_agents._capture.wire` registers them all."""
+
+    def register(preparer: P) -> P:
+        for endpoint in endpoints:
+            _PREPARERS[endpoint] = preparer
+        return preparer
+
+    return register
+
+
 def prepare_request(
     endpoint: Endpoint,
     body: bytes,
@@ -239,205 +283,36 @@ def prepare_request(
     capture_logprobs: bool,
     messages_options: Mapping[str, Any] | None = None,
     model: str | None = None,
-) -> tuple[bytes | None, RequestInfo] | None:
-    """Inspect a JSON request body and add the vLLM fields capture needs.
+) -> Prepared | None:
+    """Inspect a JSON request body and add the vLLM fields capture needs (the endpoint's own
+    preparation does; see the module docstring).
 
     Returns `(new_body, info)`; `new_body` is None when the body needs no change (the caller already
     asked for ids). The added fields are spliced into the caller's bytes (`wire.splice`): what
     the caller wrote is sent byte for byte. Returns None when the request is not captured: not a
-    JSON object, or the caller explicitly turned ids off (`return_token_ids: false`). Raises
-    `UnreadableRequest` when a field capture reads has a value vLLM would refuse.
+    JSON object, or the caller explicitly turned ids off. Raises `UnreadableRequest` when a field
+    capture reads has a value vLLM would refuse.
 
-    What capture adds never turns a request the server refuses into one it accepts: `logprobs`
-    is not added where the caller set a `top_logprobs` other than 0 (vLLM refuses a positive
-    one without `logprobs`). Nor does it change what the server answers: a completions request
-    with `echo` is sent as written (`UnreadableRequest`), since `return_token_ids` makes vLLM
-    stop echoing the prompt text; with the caller's own ids, no `logprobs` is added to it
-    (echoed logprobs would cover the prompt as well).
-
-    An Anthropic Messages request (`Endpoint.MESSAGES`) becomes the chat request vLLM runs for it
-    (`_prepare_messages`): the body returned is that chat request's, `info.endpoint` is CHAT.
+    What capture adds never turns a request the server refuses into one it accepts, nor changes
+    what the server answers (each endpoint's preparation says how).
 
     `model`: the policy (model / LoRA adapter name) the request is routed to; its `model` field
     is set to it, in place (`info.routed_from` keeps what the caller wrote when it differed).
+    `messages_options`: the server's probed Messages conversion choices (`messages.probe`).
     """
     payload = _loads(body)
     if payload is None:
         return None
     routed = model is not None and payload.get("model") != model
     routed_from = payload.get("model") if routed else None
-    if endpoint is Endpoint.MESSAGES:
-        if routed:
-            payload["model"] = model  # the chat conversion is a new body: no bytes to keep
-        prepared = _prepare_messages(payload, capture_logprobs, messages_options or {})
-        return _routed(prepared, routed_from)
-    if endpoint is Endpoint.RESPONSES:
-        added_model = {"model": orjson.dumps(model)} if routed else {}
-        prepared = _prepare_responses(
-            body, payload, capture_logprobs=capture_logprobs, added=added_model
-        )
-        return _routed(prepared, routed_from)
-    chat = endpoint is Endpoint.CHAT
-    added: dict[str, bytes] = {}
-    ids = lax_bool(payload, "return_token_ids")
-    if "return_token_ids" not in payload:
-        added["return_token_ids"] = b"true"
-    elif ids is not True:
-        return None  # the caller turned ids off (false or null): not captured
-    echo = None if chat else lax_bool(payload, "echo")
-    if echo and "return_token_ids" in added:
-        # vLLM (0.10.2 to 0.32) stops echoing the prompt text when ids are asked for: adding
-        # them would change the caller's answer, so the request goes as written
-        raise UnreadableRequest("echo", echo, "ids would stop vLLM echoing the prompt")
-    asked = lax_bool(payload, "logprobs") if chat else lax_int(payload, "logprobs")
-    top = lax_int(payload, "top_logprobs") if chat else None
-    if capture_logprobs and asked is None and top in (None, 0) and not echo:
-        # chat: a boolean; legacy completions: an int top-k count, 0 = only the sampled token
-        added["logprobs"] = b"true" if chat else b"0"
-        asked = True if chat else 0
-    n = lax_int(payload, "n")
-    stream = lax_bool(payload, "stream")
-    reasoning = lax_bool(payload, "include_reasoning")
-    wants_logprobs = asked is True if chat else (type(asked) is int and asked >= 0)
-    messages = payload.get("messages") if chat else None
-    tools = payload.get("tools")
-    sampling = {k: v for k, v in payload.items() if k in _SAMPLING_SET}
-    constrained = constraint_of(payload)
-    if routed:
-        added["model"] = orjson.dumps(model)
-    new_body = set_members(body, added, payload) if added else None
-    if added:
-        payload.update(
-            (key, _ADDED_VALUES[value]) for key, value in added.items() if key != "model"
-        )
-    if routed:
-        payload["model"] = model
-    info = RequestInfo(
-        endpoint=endpoint,
-        stream=bool(stream),
-        n=1 if n is None else n,
-        # a request has a handful of keys: test those, not every sampling key
-        sampling={**sampling, **{k: payload[k] for k in added if k in _SAMPLING_SET}},
-        wants_logprobs=wants_logprobs,
-        messages=messages if type(messages) is list else None,
-        tools=tools if type(tools) is list else None,
-        include_reasoning=reasoning is not False,
-        payload=payload,
-        added_ids="return_token_ids" in added,
-        added_logprobs="logprobs" in added,
-        constrained=constrained,
-        routed_from=routed_from,
+    prepared = _PREPARERS[endpoint](
+        endpoint,
+        body,
+        payload,
+        capture_logprobs=capture_logprobs,
+        model=model if routed else None,
+        options=messages_options or {},
     )
-    return new_body, info
-
-
-def _routed(
-    prepared: tuple[bytes | None, RequestInfo] | None, routed_from: Any
-) -> tuple[bytes | None, RequestInfo] | None:
     if prepared is not None:
         prepared[1].routed_from = routed_from
     return prepared
-
-
-# --------------------------------------------------------------------------------------------------
-# Anthropic Messages API
-#
-# vLLM's `/v1/messages` has no `return_token_ids`; it converts each request to a chat completion
-# (`to_chat_completion_request`). Capture sends that same conversion (`messages.convert`) to
-# `/v1/chat/completions`, where ids are added as for any chat call, and converts the answer back
-# (`messages.reply`); the call is recorded as a chat call.
-
-
-def _prepare_messages(
-    payload: dict[str, Any], capture_logprobs: bool, options: Mapping[str, Any]
-) -> tuple[bytes | None, RequestInfo] | None:
-    """`prepare_request` for a Messages body: its chat conversion prepared as a chat request.
-    `options` are the server's probed conversion choices (`merge_inline_system`,
-    `disabled_thinking_effort`; `messages.probe`); a request that needs one not known, or
-    that the conversion leaves to the server, is `UnreadableRequest` (sent as written)."""
-    missing = [name for name in probes_needed(payload) if options.get(name) is None]
-    if missing:
-        raise UnreadableRequest("messages", missing[0], "the server's choice is not known")
-    chat = chat_request(payload, **{k: v for k, v in options.items() if v is not None})
-    if isinstance(chat, str):
-        raise UnreadableRequest("messages", None, chat)
-    chat_body = orjson.dumps(chat)
-    prepared = prepare_request(Endpoint.CHAT, chat_body, capture_logprobs=capture_logprobs)
-    if prepared is None:  # not reached: the conversion never turns ids off
-        return None
-    new_body, info = prepared
-    info.translated_from = "messages"
-    info.want_message = True  # its tool_use and thinking blocks are noted on the call
-    info.sampling = {k: v for k, v in info.sampling.items() if v is not None}
-    return (chat_body if new_body is None else new_body), info
-
-
-# --------------------------------------------------------------------------------------------------
-# Responses API
-#
-# vLLM's `/v1/responses` has no `return_token_ids`; `enable_response_messages: true` (a vLLM
-# extension, 0.32 for every model and in streams) adds `input_messages[].tokens` (the rendered
-# prompt ids) and `output_messages[].tokens` (the sampled ids). Rollout logprobs come per output
-# text token with `include: ["message.output_text.logprobs"]` and `top_logprobs: 0`.
-
-RESPONSES_LOGPROBS = "message.output_text.logprobs"
-"""The `include` entry that asks the Responses API for the logprobs of the output text."""
-
-
-def _prepare_responses(
-    body: bytes,
-    payload: dict[str, Any],
-    *,
-    capture_logprobs: bool,
-    added: dict[str, bytes] | None = None,
-) -> tuple[bytes | None, RequestInfo] | None:
-    """`prepare_request` for a Responses body: ids through `enable_response_messages`, logprobs
-    through `include` + `top_logprobs`; what the caller set is kept (an explicit
-    `enable_response_messages: false` means the call is not captured). Logprobs are asked for
-    only where the caller's `top_logprobs` is unset or 0: vLLM checks it against the server's
-    `--max-logprobs` only when the output logprobs are included, so adding the entry next to
-    another value could make the server refuse a request it accepts. `added`: members already
-    to be set (the routed `model`)."""
-    added = dict(added or {})
-    wanted = lax_bool(payload, "enable_response_messages")
-    if "enable_response_messages" not in payload:
-        added["enable_response_messages"] = b"true"
-    elif wanted is not True:
-        return None
-    include = payload.get("include")
-    if include is not None and type(include) is not list:
-        raise UnreadableRequest("include", include)
-    top = lax_int(payload, "top_logprobs")
-    stream = lax_bool(payload, "stream")
-    asked = include is not None and RESPONSES_LOGPROBS in include
-    added_top = False
-    if capture_logprobs and not asked and top in (None, 0):
-        entry = orjson.dumps(RESPONSES_LOGPROBS)
-        if include is None:
-            added["include"] = b"[" + entry + b"]"
-        else:  # the caller's own list, its bytes kept, with the entry at its end
-            start, end = member_values(body)["include"]
-            added["include"] = extend_container(body[start:end], entry, empty=not include)
-        if top is None:
-            added["top_logprobs"] = b"0"
-            added_top = True
-        asked = True
-    new_body = set_members(body, added, payload) if added else None
-    for key, value in added.items():
-        payload[key] = orjson.loads(value)
-    tools = payload.get("tools")
-    info = RequestInfo(
-        endpoint=Endpoint.RESPONSES,
-        stream=bool(stream),
-        n=1,
-        sampling={k: v for k, v in payload.items() if k in _SAMPLING_SET},
-        wants_logprobs=asked,
-        messages=None,
-        tools=tools if type(tools) is list else None,
-        payload=payload,
-        added_ids="enable_response_messages" in added,
-        added_logprobs="include" in added,
-        constrained=constraint_of(payload),
-        added_top_logprobs=added_top,
-    )
-    return new_body, info

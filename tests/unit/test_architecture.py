@@ -1,11 +1,14 @@
 """The layout's promises, checked on the source: data flows one way, so no module of the library
 imports, even only for type checking, a module that imports it back, nor a module of a layer
-above its own; and the library never imports its test package (`tito_agents.testing`)."""
+above its own; no package imports another's private (underscored) modules; and the library never
+imports its test package (`tito_agents.testing`)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tito_agents"
 
@@ -253,6 +256,107 @@ def test_the_private_member_check_sees_what_it_forbids() -> None:
         "tito_agents.export:3: episode._take_calls",
         "tito_agents._capture.core:3: pending.episode._add_calls",
         "tito_agents._capture.core:4: self.default._calls",
+    ]
+
+
+SHARED_LEAF_HELPERS: dict[str, str] = {
+    "tito_agents._values": "user values made storable once (ids as text, JSON any sink writes), "
+    "for every layer that takes them",
+    "tito_agents._worker": "the one worker thread, which export and delivery both start",
+    "tito_agents._speedups": "the compiled id parser behind capture's fast path",
+    "tito_agents._state_dirs": "where state lives on disk (spill folders, the gateway's journal "
+    "and token), for the sinks and the CLI alike",
+    "tito_agents._http": "the HTTP library (httpx2 or httpx) picked in one place, so capture, "
+    "re-scoring, the logprobs-mode probe and the gateway speak the one the openai SDK uses",
+}
+"""Records-layer private modules: leaf helpers with no public face of their own, private so that
+users do not build on them, importable by any layer (each says why it is shared)."""
+
+WIRING: dict[str, tuple[str, str]] = {
+    "tito_agents.collector": (
+        "tito_agents._capture",
+        "the collector wires the stages: it builds CaptureCore and installs capture's transports",
+    ),
+    "tito_agents.sessions": (
+        "tito_agents._capture",
+        "capture's public surface for sessions names what capture's own package defines",
+    ),
+}
+"""Importer -> the private package it may reach into, and why: the module that wires capture,
+and capture's own public face."""
+
+
+def _private_module(name: str) -> bool:
+    """Its own name, or a package on its path below `tito_agents`, starts with `_`."""
+    return any(_is_private(part) for part in name.split(".")[1:])
+
+
+def _top_package(name: str) -> str:
+    """`tito_agents.convert._arrays` -> `tito_agents.convert`; `tito_agents` for the package."""
+    return ".".join(name.split(".")[:2])
+
+
+def _private_imports_across(edges: dict[str, set[str]]) -> list[str]:
+    """Every `importer -> private module` of `edges` where the private module belongs to another
+    top-level package (so another package or layer), is no shared leaf helper, and is not what
+    the importer wires (`WIRING`)."""
+    found = []
+    for name, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            if not _private_module(target) or _top_package(target) == _top_package(name):
+                continue
+            if any(_in(target, leaf) for leaf in SHARED_LEAF_HELPERS):
+                continue
+            wired = WIRING.get(name)
+            if wired is not None and _in(target, wired[0]):
+                continue
+            found.append(f"{name} -> {target}")
+    return found
+
+
+PRIVATE_IMPORTS_BEING_REMOVED = ("tito_agents.integration -> tito_agents._capture",)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="other layers' private modules still imported: "
+    + "; ".join(PRIVATE_IMPORTS_BEING_REMOVED)
+    + " (integration.captures(client) checks for capture's CaptureCore by its private class)",
+)
+def test_no_module_imports_another_packages_private_module() -> None:
+    """A package's underscored modules are its own business: another package or layer uses what
+    it exports (`from tito_agents.convert import needs_behaviour_logprobs`, not
+    `convert._sampling_arrays`), so a package can reshape its insides without breaking a
+    neighbour. Exceptions are named, with their reason: `SHARED_LEAF_HELPERS`, `WIRING`."""
+    modules = _modules()
+    edges = {name: _imports(name, path, modules) for name, path in _library().items()}
+    assert _private_imports_across(edges) == []
+
+
+def test_the_private_import_check_sees_what_it_forbids() -> None:
+    """The check above is not vacuous: it finds a private module of another package reached by
+    its own name or through a private package, and lets a package's own private modules, the
+    shared leaf helpers and the collector's wiring through."""
+    edges = {
+        "tito_agents.trainer_check.side_by_side": {
+            "tito_agents.convert",
+            "tito_agents.convert._sampling_arrays",
+        },
+        "tito_agents.convert.batch": {"tito_agents.convert._sampling_arrays"},
+        "tito_agents.export": {"tito_agents.sinks._delivery", "tito_agents._worker"},
+        "tito_agents.gateway._app": {
+            "tito_agents._capture.sessions.reasons",
+            "tito_agents.gateway._routes",
+        },
+        "tito_agents.sinks.registry": {"tito_agents._state_dirs"},
+        "tito_agents.collector": {"tito_agents._capture.transport"},
+        "tito_agents.integration": {"tito_agents._capture"},
+    }
+    assert _private_imports_across(edges) == [
+        "tito_agents.export -> tito_agents.sinks._delivery",
+        "tito_agents.gateway._app -> tito_agents._capture.sessions.reasons",
+        "tito_agents.integration -> tito_agents._capture",
+        "tito_agents.trainer_check.side_by_side -> tito_agents.convert._sampling_arrays",
     ]
 
 

@@ -1,7 +1,7 @@
 """Build hook: compile the optional C helper `tito_agents._speedups` when a C compiler is present.
 
-The helper only speeds up parsing the id arrays of non-streaming responses (issue 2's capture CPU
-target); everything works without it (`tito_agents._capture.wire` falls back to numpy). A failed compile
+The helper only speeds up parsing the id arrays of non-streaming responses (the capture's CPU
+cost); everything works without it (`tito_agents._capture.wire` falls back to numpy). A failed compile
 is reported and the build goes on as pure Python. Editable installs compile it in place.
 """
 

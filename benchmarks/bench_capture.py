@@ -1,4 +1,4 @@
-"""Capture overhead, wrapped vs plain openai client, side by side in one run (issue 2 targets).
+"""Capture overhead, wrapped vs plain openai client, side by side in one run.
 
 Against a server that answers instantly (benchmarks/canned_server.py, a separate process), so the
 client's own work is all that remains — the worst case for relative overhead:
@@ -363,7 +363,7 @@ def main() -> int:
         ),
         ("bytes held per captured token", f"{bpt:.1f} B", bpt <= 16, "<= 16 B"),
     ]
-    print("\n== capture overhead (issue 2) ==")
+    print("\n== capture overhead ==")
     ok = True
     for name, value, passed, target in rows:
         ok &= passed

@@ -4,7 +4,7 @@
     python benchmarks/bench_convert.py --check    # exit 1 when a target is missed
 
 Batch: 1,024 samples of up to 8,192 tokens (lengths 7,168..8,192, so rows really pad), each with
-ids, a loss mask (~40 % trained, in spans) and rollout logprobs. Target (issue 10): `pad_batch`
+ids, a loss mask (~40 % trained, in spans) and rollout logprobs. Target: `pad_batch`
 (input_ids, attention_mask, position_ids, loss_mask, logprobs) >= 5x faster than a per-sample Python
 loop doing the same work in the same run. The loop is the usual glue code: each sample's arrays
 turned into lists, padded with list arithmetic, one `np.array` per field at the end. Both results
@@ -157,7 +157,7 @@ def main() -> int:
         info.append(("PaddedBatch.to_torch (int64 ids/masks/positions)", torch_s))
 
     passed = same and ratio >= TARGET_RATIO
-    print(f"\n== padded collation (issue 10): {args.samples} samples, {total:,} tokens ==")
+    print(f"\n== padded collation: {args.samples} samples, {total:,} tokens ==")
     print(
         f"  {'pad_batch (vectorized: one array per field, a slice copy per row)':<68} {fast_s * 1e3:9.1f} ms"
     )

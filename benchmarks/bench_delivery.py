@@ -1,4 +1,4 @@
-"""Delivery from a CPU-saturated producer through `BufferedSink` to Redis consumers (issue 14).
+"""Delivery from a CPU-saturated producer through `BufferedSink` to Redis consumers.
 
 One producer process, pinned to one core, runs `--episodes` (64) concurrent asyncio episodes as
 fast as the core allows: each episode makes `--calls` (3) "calls" (`--burn-ms` of pure-Python work
@@ -227,7 +227,7 @@ def main() -> int:
     ok = result["p99"] < P99_TARGET and result["spilled"] == 0
     ok &= result["received"] >= run.written  # duplicates are removed by the readers
     print(
-        f"\n== delivery from one CPU-bound producer (issue 14): {args.episodes} episodes x "
+        f"\n== delivery from one CPU-bound producer: {args.episodes} episodes x "
         f"{args.calls} calls, {args.tokens // 1024}k-token samples, {args.burn_ms} ms of Python "
         f"per call, producer pinned to one core, {args.consumers} consumers =="
     )

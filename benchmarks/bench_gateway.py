@@ -1,4 +1,4 @@
-"""The capture gateway (issue 21) side by side with a bare pass-through proxy on the same stack
+"""The capture gateway side by side with a bare pass-through proxy on the same stack
 and with the client calling the server directly, in one run.
 
 Upstream: benchmarks/canned_server.py (answers instantly, so nothing but the HTTP hops and the

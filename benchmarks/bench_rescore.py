@@ -1,4 +1,4 @@
-"""Re-scoring constrained calls (issue 16): it never delays the agent's calls, and costs nothing on
+"""Re-scoring constrained calls: it never delays the agent's calls, and costs nothing on
 calls that were not constrained. Side by side in one run, against the fake vLLM over HTTP (a
 separate process, so its work is not counted in this one's CPU).
 

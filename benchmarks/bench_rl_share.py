@@ -3,7 +3,7 @@
     python benchmarks/bench_rl_share.py            # report only, exit 0
     python benchmarks/bench_rl_share.py --check    # exit 1 when the target is missed
 
-Issue 28's target: tito's part of a `make rl-loop` step is at most 2% of the step's wall time.
+The target: tito's part of a `make rl-loop` step is at most 2% of the step's wall time.
 Measured side by side in one run, on the loop's batch (4 episodes of the quickstart's tool task,
 3 model calls each, as `examples/rl_loop.py` runs them):
 

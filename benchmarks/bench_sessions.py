@@ -1,4 +1,4 @@
-"""Token-in sessions (issue 5): how often merged samples break without them, and what they cost.
+"""Token-in sessions: how often merged samples break without them, and what they cost.
 
 Runs the same multi-turn tool-calling agent with and without sessions, side by side, against a
 vLLM-compatible server on loopback (by default the fake vLLM in a separate process, with realistic
@@ -149,7 +149,7 @@ def main() -> int:
             server.terminate()
             server.wait()
 
-    print(f"\n== token-in sessions (issue 5), {args.episodes} episodes x 4 turns, {base_url} ==")
+    print(f"\n== token-in sessions, {args.episodes} episodes x 4 turns, {base_url} ==")
     print(f"  {'mode':<16}{'calls':>8}{'prefix breaks':>16}{'episodes broken':>18}")
     for sessions in (False, True):
         eps = [ep for ep, _ in results[sessions]]

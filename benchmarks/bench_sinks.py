@@ -1,4 +1,4 @@
-"""Sink throughput beside the raw library doing the same write, in the same run (issue 6 targets).
+"""Sink throughput beside the raw library doing the same write, in the same run.
 
 For 8k-token and 64k-token samples (random ids, 40% trained, logprobs captured), samples/s of:
   * Parquet parts (zstd, crash-safe journal, atomic finalize) vs pyarrow `ParquetWriter` (same
@@ -342,7 +342,7 @@ def main() -> int:
             ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
 
-    print("\n== sinks at scale (issue 6): samples/s, best round of each side ==")
+    print("\n== sinks at scale: samples/s, best round of each side ==")
     ok = True
     for row in rows:
         ok &= row.passed

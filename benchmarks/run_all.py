@@ -13,16 +13,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = [
-    ("capture overhead (issue 2)", "bench_capture.py", []),
-    ("merged assembly (issue 4)", "bench_assembly.py", []),
-    ("token-in sessions (issue 5)", "bench_sessions.py", []),
-    ("sinks (issue 6)", "bench_sinks.py", []),
-    ("delivery from a CPU-bound producer (issue 14)", "bench_delivery.py", []),
-    ("stats command (issue 9)", "bench_stats.py", []),
-    ("trainer converters (issue 10)", "bench_convert.py", []),
-    ("capture gateway (issue 21)", "bench_gateway.py", []),
-    ("re-scoring constrained calls (issue 16)", "bench_rescore.py", []),
-    ("tito's share of an RL loop step (issue 28)", "bench_rl_share.py", []),
+    ("capture overhead", "bench_capture.py", []),
+    ("merged assembly", "bench_assembly.py", []),
+    ("token-in sessions", "bench_sessions.py", []),
+    ("sinks", "bench_sinks.py", []),
+    ("delivery from a CPU-bound producer", "bench_delivery.py", []),
+    ("stats command", "bench_stats.py", []),
+    ("trainer converters", "bench_convert.py", []),
+    ("capture gateway", "bench_gateway.py", []),
+    ("re-scoring constrained calls", "bench_rescore.py", []),
+    ("tito's share of an RL loop step", "bench_rl_share.py", []),
 ]
 
 

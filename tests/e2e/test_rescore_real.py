@@ -1,5 +1,5 @@
 """Constrained calls on the real CPU vLLM: flagged in every sample, and with re-scoring on, the
-policy logprobs of every trained token match an independent re-scoring (issue 16).
+policy logprobs of every trained token match an independent re-scoring.
 
 vLLM samples a forced tool choice through a grammar mask and reports the masked distribution's
 logprobs (measured here: ~1 nat mean, up to ~17 nats from the free model's). With

@@ -1,5 +1,5 @@
 """End-to-end: two GRPO steps with TRL's real `GRPOTrainer` on the real CPU vLLM, the weights
-updated in place between them (issue 28, item 6).
+updated in place between them.
 
 `TrlRollout` rolls out through the collector-wrapped client against the session's dev-mode server
 (`tests/support/e2e_servers.DEV_MODE`, shared by the RL e2e tests); `attach_engine` makes TRL
@@ -9,7 +9,7 @@ fixed prompt differently, the second batch's spans carry version "1" (read off t
 update times, `VersionLog`), re-score exactly against the new weights on the server, and not one
 trained token differs from the ids the engine sampled. The original weights are put back.
 
-Async mode (`lag=1`, item 5) runs the same two steps: the second batch is the first call's prompt
+Async mode (`lag=1`) runs the same two steps: the second batch is the first call's prompt
 again, sampled in the background while step 1 trained (TRL handed in another prompt by then), and
 each of its samples re-scores exactly against the weights of the version its spans name — "0" is
 checked after the original weights are back, "1" before — whichever the timing gave.

@@ -1,4 +1,4 @@
-"""Sampled otherwise than T=1 on the real CPU vLLM (issue 29), in the two logprobs modes.
+"""Sampled otherwise than T=1 on the real CPU vLLM, in the two logprobs modes.
 
 Raw mode (the standard server, vLLM's default): the probe says so, every span records the sampling
 its request asked for, and the trainer's full softmax matches the rollout logprobs while its

@@ -1,4 +1,4 @@
-"""Merged samples and token-in sessions on the real CPU vLLM (issues 4 and 5).
+"""Merged samples and token-in sessions on the real CPU vLLM.
 
 A multi-turn tool agent: without sessions the server re-renders history and merged samples split
 at divergences, yet every sample stays exact; with sessions each episode is one sample per agent,

@@ -1,4 +1,4 @@
-"""Token-in sessions for Responses API calls on the real CPU vLLM 0.32 (issue 18 item 3).
+"""Token-in sessions for Responses API calls on the real CPU vLLM 0.32.
 
 A multi-turn Responses conversation with a function tool in a `sessions=True` episode: the first
 prompt is the server's render of the conversation (`/tokenize` of its chat form), every later call

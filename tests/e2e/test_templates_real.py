@@ -1,4 +1,4 @@
-"""Chat templates of real model families on the real CPU vLLM (issue 19).
+"""Chat templates of real model families on the real CPU vLLM.
 
 The server serves the SmolLM2 weights and renders each conversation with a real template of
 another family (vendored in tests/data/templates/real, sources in its README), given per request

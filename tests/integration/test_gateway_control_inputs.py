@@ -57,7 +57,7 @@ def test_unknown_or_misspelt_fields_are_refused_and_change_nothing(served: Serve
     assert control.post("/control/episodes", json={"episode_id": "ep"}).status_code == 201
     refused(control.patch("/control/episodes/ep", json={"lables": {"a": 1}}), 400, "'lables'")
     assert control.post("/control/episodes/ep/reward", json={"reward": 0.5}).status_code == 200
-    # a reward request without "reward" no longer clears the reward
+    # a reward request without "reward" is refused and leaves the reward as it was
     refused(control.post("/control/episodes/ep/reward", json={"rewrad": 1}), 400, "'rewrad'")
     refused(control.post("/control/episodes/ep/reward", json={}), 400, "'reward'")
     refused(control.post("/control/episodes/ep/reward", content=b""), 400, "'reward'")
@@ -93,8 +93,8 @@ def test_a_refused_patch_changes_nothing(served: ServedGateway) -> None:
 def test_labels_and_metadata_nested_too_deep_are_refused_where_they_come_in(
     served: ServedGateway,
 ) -> None:
-    """Labels 300 deep used to be taken, then every report of the episode and its close answered
-    500 (JSON writers stop at 254 levels) and the sink refused its samples."""
+    """Labels 300 deep are refused up front: JSON writers stop at 254 levels, so once taken, every
+    report of the episode and its close would answer 500 and the sink would refuse its samples."""
     control = served.control().http
     for key in ("labels", "metadata"):
         body = {"episode_id": "deep", key: nested(300)}
@@ -164,8 +164,8 @@ def test_a_wrong_method_is_answered_with_every_method_the_path_takes(
 
 
 def test_an_agent_name_in_a_utf8_header_is_the_name_sent(served: ServedGateway) -> None:
-    """Starlette decodes headers as latin-1: `X-Tito-Agent: réviseur` sent as UTF-8 was recorded
-    as `rÃ©viseur`. It now names the same agent as the URL form `agents/r%C3%A9viseur/v1`."""
+    """Starlette decodes headers as latin-1, which would record `X-Tito-Agent: réviseur` sent as
+    UTF-8 as `rÃ©viseur`; it names the same agent as the URL form `agents/r%C3%A9viseur/v1`."""
     control = served.control().http
     control.post("/control/episodes", json={"episode_id": "ep"})
     by_header = httpx.post(

@@ -1,4 +1,4 @@
-"""The quickstart's sampling flags reach every request and every span (issue 29), on the fake."""
+"""The quickstart's sampling flags reach every request and every span, on the fake."""
 
 from __future__ import annotations
 

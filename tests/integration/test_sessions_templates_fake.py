@@ -1,4 +1,4 @@
-"""Token-in sessions and the chat template (issue 19): the end-of-turn token derived from the
+"""Token-in sessions and the chat template: the end-of-turn token derived from the
 server's own template, precise fallbacks for templates that re-render history, and the opt-in
 that keeps the model's sampled tokens (`SessionHistoryMode.SAMPLED`). On the fake vLLM, which renders
 with the real SmolLM2 tokenizer and the template given here; the real-engine matrix is

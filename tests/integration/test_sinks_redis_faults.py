@@ -308,7 +308,7 @@ def test_batches_waits_for_what_is_pending_before_it_returns(
 def test_batches_without_wait_pending_returns_when_idle(
     server: LocalRedisServer, stream: str
 ) -> None:
-    """wait_pending=False keeps the old stop: idle for idle_timeout, whatever is pending."""
+    """wait_pending=False stops on idleness alone: idle for idle_timeout, whatever is pending."""
     write(server.url, stream, make(3))
     crashed = RedisStreamReader(server.url, stream=stream, consumer="crashed")
     assert len(crashed.read(3, timeout=1)) == 3
@@ -335,7 +335,7 @@ def test_close_hands_unacknowledged_samples_back(server: LocalRedisServer, strea
 
 def test_dedupe_after_restart_in_bounded_memory(stream: str) -> None:
     """Copies of acknowledged samples are dropped by a restarted reader, and the dedupe state
-    costs about 9 bytes per acknowledged id (the old key-per-id scheme: ≈ 88 by MEMORY USAGE,
+    costs about 9 bytes per acknowledged id (a key per id would cost ≈ 88 by MEMORY USAGE,
     ≈ 133 by INFO used_memory), within the documented bound n × 9 B + shards × 120 B."""
     n, shards = 8_000, 32  # 250 ids per shard: packed sets (≤ 512)
     samples = make(n, tokens=2)

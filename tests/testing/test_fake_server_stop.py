@@ -70,7 +70,8 @@ def test_the_standalone_server_stops_cleanly_on_a_signal_even_started_in_the_bac
 ) -> None:
     """`python -m tito_agents.testing.fake_vllm` exits 0, silently, on SIGINT or SIGTERM, also when
     started as a shell's background job (SIGINT ignored at start: Python then installs no
-    KeyboardInterrupt handler, and the old server kept running, which hung CI's install tier)."""
+    KeyboardInterrupt handler, so a server waiting for one would keep running and hang CI's
+    install tier)."""
     server = subprocess.Popen(
         [sys.executable, "-m", "tito_agents.testing.fake_vllm", "--port", "0"],
         stdout=subprocess.PIPE,

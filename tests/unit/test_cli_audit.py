@@ -375,7 +375,7 @@ DROPPING: dict[str, tuple[Predicate, list[str]]] = {
 @pytest.mark.parametrize("name", sorted(DROPPING))
 def test_templates_that_drop_content_fail(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Prefix-preserving templates that leave the tool call or the tool result out of the
-    rendering no longer pass: exactly those cases are `drops`, naming what is missing, with the
+    rendering do not pass: exactly those cases are `drops`, naming what is missing, with the
     content hint; exit 1; the text report lists them."""
     predicate, missing = DROPPING[name]
     report = audit_template(load_renderer(TEMPLATES / f"{name}.jinja"))

@@ -135,10 +135,10 @@ def test_the_cross_check_covers_every_shipped_template() -> None:
     assert set(EXPLAINED) <= names
 
 
-def test_templates_that_drop_the_tool_exchange_no_longer_pass() -> None:
-    """The templates the old audit passed although they drop the tool call or its result (Llama 3,
-    LFM2, Qwen2.5-VL, Cohere2, Phi-3) now get `drops` on the tool-result case, with what is
-    missing, as TRL's `supports_tool_calling` says."""
+def test_templates_that_drop_the_tool_exchange_do_not_pass() -> None:
+    """Templates that drop the tool call or its result (Llama 3, LFM2, Qwen2.5-VL, Cohere2, Phi-3)
+    get `drops` on the tool-result case, with what is missing, as TRL's `supports_tool_calling`
+    says."""
     paths = {p.stem: p for p in TRL}
     expected = {
         "llama3": ["tool call name", "tool call arguments"],

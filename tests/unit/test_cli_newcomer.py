@@ -178,7 +178,7 @@ def test_show_finds_the_same_sample_and_siblings_as_a_full_read(tmp_path: Path) 
 def test_show_index_parses_only_what_it_shows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`show --index N` on per-call samples builds one sample, not N (the cost of the old 7 s)."""
+    """`show --index N` on per-call samples builds one sample, not N (7 s and more on a large file)."""
     from tito_agents.sinks.harness import synthetic_sample
 
     path = write_samples(tmp_path / "big.jsonl", [synthetic_sample(i) for i in range(400)])
@@ -194,3 +194,48 @@ def test_show_index_parses_only_what_it_shows(
     code, out, _ = run_cli(["show", path, "--index", "377", "--json"], capsys)
     assert code == 0 and json.loads(out)["sample_id"] == synthetic_sample(377).sample_id
     assert built == [synthetic_sample(377).sample_id]
+
+
+def test_a_folder_without_a_tokenizer_is_named_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--tokenizer DIR` given a folder with no tokenizer files: one line saying so (exit 2), not
+    transformers' message about sentencepiece."""
+    path = write_samples(tmp_path / "s.jsonl", merged_episode())
+    empty = tmp_path / "model"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    for argv in (["drift", path, "--tokenizer", empty], ["show", path, "--tokenizer", empty]):
+        code, out, err = run_cli(argv, capsys)
+        assert code == 2 and out == ""
+        assert err.count("\n") == 1 and f"no tokenizer.json in {empty}" in err
+        assert "sentencepiece" not in err.lower()
+
+
+def test_show_index_counts_from_the_end_when_negative(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`show --index -1` is the last sample, as in Python; past the start it is refused."""
+    samples = merged_episode()
+    path = write_samples(tmp_path / "s.jsonl", samples)
+    for index, want in ((-1, samples[-1]), (-len(samples), samples[0])):
+        code, out, _ = run_cli(["show", path, "--index", str(index), "--json"], capsys)
+        assert code == 0 and json.loads(out)["sample_id"] == want.sample_id
+    code, _, err = run_cli(["show", path, "--index", str(-len(samples) - 1)], capsys)
+    assert code == 2 and f"no sample #{-len(samples) - 1} among {len(samples)} samples" in err
+
+
+def test_compare_says_how_to_produce_its_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`compare` given a samples file, or a missing file, says what it reads and how to make it."""
+    path = write_samples(tmp_path / "s.jsonl", merged_episode())
+    one = write_samples(tmp_path / "one.jsonl", merged_episode()[:1])
+    for given, what in (
+        (path, "JSON Lines: a samples file?"),
+        (one, "a samples file, not a comparison"),
+        (tmp_path / "comparison.json", "no such file"),
+    ):
+        code, out, err = run_cli(["compare", given], capsys)
+        assert code == 2 and out == "" and what in err
+        assert "make rl-step" in err and ".to_dict() as JSON" in err

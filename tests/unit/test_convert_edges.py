@@ -89,8 +89,8 @@ def test_integer_task_id_read_back_from_an_old_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(TRAINING_CONVERTERS))
 def test_rewards_no_trainer_can_use_are_refused(name: str, reward: float) -> None:
     """A NaN, infinite or beyond-float32 reward raises ConversionError naming the sample, in every
-    converter that hands rewards on (it used to become NaN advantages or an inf rm_score, or, for
-    NaN, count silently as 'no reward')."""
+    converter that hands rewards on (let through, it would become NaN advantages or an inf
+    rm_score, or, for NaN, count silently as 'no reward')."""
     samples = _group([reward, 1.0])
     with pytest.raises(ConversionError, match=r"sample s0: reward .* not a finite float32"):
         TRAINING_CONVERTERS[name](samples)
@@ -145,7 +145,7 @@ def test_one_view_per_episode_is_accepted_across_episodes() -> None:
 
 
 def test_reward_key_cannot_overwrite_a_rollout_field() -> None:
-    """reward_key="prompt_ids" used to replace the prompts with the rewards, silently."""
+    """reward_key="prompt_ids" is refused: it would replace the prompts with the rewards, silently."""
     with pytest.raises(ValueError, match="reward_key 'prompt_ids' would overwrite"):
         to_trl_rollout([single_sample()], reward_key="prompt_ids")
 
@@ -153,7 +153,7 @@ def test_reward_key_cannot_overwrite_a_rollout_field() -> None:
 @pytest.mark.parametrize("pad_id", [None, 1.5, -1, 2**40, True])
 def test_pad_id_must_be_a_token_id(pad_id: Any) -> None:
     """pad_id=tokenizer.pad_token_id is None for many tokenizers: a ValueError that says what to
-    pass, not a numpy TypeError; a float or negative id no longer lands in input_ids."""
+    pass, not a numpy TypeError; a float or negative id never lands in input_ids."""
     samples = [merged_sample(), single_sample()]
     for convert in (pad_batch, pad_split_batch, to_verl_batch):
         with pytest.raises(ValueError, match="pad_id must be"):
@@ -177,8 +177,8 @@ def test_pad_id_none_names_the_fix_and_numpy_ids_work() -> None:
     ],
 )
 def test_verl_widths_below_one_token_are_refused(kwargs: dict[str, int], name: str) -> None:
-    """A zero or negative width used to crash in numpy (IndexError on rm_scores, negative
-    dimensions) with overflow='truncate'."""
+    """A zero or negative width is refused with overflow='truncate', before numpy fails on it
+    (IndexError on rm_scores, negative dimensions)."""
     with pytest.raises(ValueError, match=f"{name} must be an int >= "):
         to_verl_batch([merged_sample(), single_sample()], overflow="truncate", **kwargs)
 
@@ -205,7 +205,7 @@ def test_empty_samples_shift_to_empty_targets() -> None:
 
 
 def test_non_finite_advantages_are_refused() -> None:
-    """Caller-given advantages with a NaN or inf used to be broadcast into the batch as they were."""
+    """Caller-given advantages with a NaN or inf are refused, never broadcast into the batch."""
     samples = [merged_sample(), single_sample()]
     bad = [float("nan"), 1.0]
     with pytest.raises(ValueError, match=r"advantages\[0\] is nan"):

@@ -44,8 +44,8 @@ def _async_client(collector: tito.Collector) -> openai.AsyncOpenAI:
 
 
 def test_an_episode_entered_inside_itself_is_refused_and_does_not_leak() -> None:
-    """`with ep: with ep:` used to overwrite the scope's token: the inner exit wrote the samples,
-    the outer wrote them again, and the episode stayed current after both blocks."""
+    """`with ep: with ep:` is refused: the inner block would overwrite the scope's token, its exit
+    write the samples, the outer write them again, and the episode stay current after both."""
     with tito.Collector() as collector:
         client = _client(collector)
         ep = collector.episode("twice")
@@ -59,8 +59,8 @@ def test_an_episode_entered_inside_itself_is_refused_and_does_not_leak() -> None
 
 
 def test_an_episode_entered_again_after_its_end_is_refused() -> None:
-    """Re-entering an ended episode used to write its first samples a second time and drop the
-    new block's calls as late calls."""
+    """Re-entering an ended episode is refused: it would write its first samples a second time and
+    drop the new block's calls as late calls."""
     with tito.Collector() as collector:
         client = _client(collector)
         ep = collector.episode("again")
@@ -73,7 +73,7 @@ def test_an_episode_entered_again_after_its_end_is_refused() -> None:
 
 
 def test_ending_an_episode_twice_is_refused_and_writes_once() -> None:
-    """`end()` after the `with` exit (or twice by an adapter) used to assemble and write again."""
+    """`end()` after the `with` exit (or twice by an adapter) is refused: nothing is written twice."""
     with tito.Collector() as collector:
         client = _client(collector)
         with collector.episode("e") as ep:
@@ -118,8 +118,8 @@ def test_a_body_that_ends_its_episode_exits_quietly_and_writes_once() -> None:
 
 
 def test_rewards_set_after_the_end_are_refused() -> None:
-    """A reward set after the exit reaches no sample (they were made at the exit): it used to be
-    kept silently on the episode, and the samples kept no reward."""
+    """A reward set after the exit reaches no sample (they were made at the exit), so it is refused
+    rather than kept silently on the episode while the samples have no reward."""
     with tito.Collector() as collector:
         client = _client(collector)
         with collector.episode("e") as ep:
@@ -136,8 +136,8 @@ def test_an_async_generator_closed_in_another_task_still_ends_its_episode(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A generator agent yielding inside its episode, closed by a task of its own (as the event
-    loop's finaliser closes one the consumer left early): the exit used to raise ValueError from
-    the contextvar reset, so the episode never ended and was never counted."""
+    loop's finaliser closes one the consumer left early): the exit runs in another context, where
+    resetting the contextvar raises ValueError; the episode still ends and is counted."""
 
     async def main() -> tito.Episode:
         collector = tito.Collector()
@@ -169,8 +169,8 @@ def test_an_async_generator_closed_in_another_task_still_ends_its_episode(
 
 
 def test_an_episode_exited_from_another_thread_still_ends() -> None:
-    """`__exit__` called from a thread other than the entering one used to raise ValueError and
-    leave the episode open: its samples were never written."""
+    """`__exit__` called from a thread other than the entering one (where resetting the contextvar
+    raises ValueError) still ends the episode and writes its samples."""
 
     def run() -> tuple[tito.Collector, tito.Episode, list[BaseException]]:
         collector = tito.Collector()
@@ -201,8 +201,8 @@ def test_an_episode_left_with_its_stream_open_says_so_not_to_wrap_the_client(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A consumer that breaks out of a stream without closing it, then leaves the episode: the
-    call is still in flight at the end. The warning used to say no request went through a
-    capturing client and to wrap it, which was wrong (it did); it now names the call in flight."""
+    call is still in flight at the end. The warning names that call; it does not say that no
+    request went through a capturing client or to wrap it, which would be wrong (one did)."""
     with tito.Collector() as collector:
         client = _client(collector)
         with caplog.at_level(logging.WARNING, "tito_agents"), collector.episode("left") as ep:

@@ -1,4 +1,4 @@
-"""Property tests of linked segments over random rewrite sequences (issue 31).
+"""Property tests of linked segments over random rewrite sequences.
 
 Each generated agent runs a toy ChatML conversation; between turns its history may be extended,
 summarised (by a call labelled `role="summarizer"`, or an unlabelled one whose summary the next

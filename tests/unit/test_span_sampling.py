@@ -1,4 +1,4 @@
-"""How each span was sampled (issue 29): resolved from the request and what is known of the server,
+"""How each span was sampled: resolved from the request and what is known of the server,
 carried by every span through every sample format, the converters and the CLI."""
 
 from __future__ import annotations

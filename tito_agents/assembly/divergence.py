@@ -112,11 +112,6 @@ class Divergence:
     rewrite: str | None = None
     """The kind of history rewrite (`Sample.rewrite` of sample `sample_id`), None when unknown."""
 
-    @property
-    def position(self) -> int:
-        """Alias of `rewrite_point`."""
-        return self.rewrite_point
-
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready fields (`kind` as its string value), as reports and logs store them."""
         return {

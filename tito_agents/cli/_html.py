@@ -162,9 +162,8 @@ def _logprobs_meta(view: SampleView) -> str:
 
 
 def _policy(view: SampleView) -> npt.NDArray[np.float32] | None:
-    """The sample's policy logprobs (issue 16; getattr: samples from before them have none)."""
-    policy: npt.NDArray[np.float32] | None = getattr(view.sample, "policy_logprobs", None)
-    return policy
+    """The sample's policy logprobs (None when no span was re-scored)."""
+    return view.sample.policy_logprobs
 
 
 def _gaps(view: SampleView) -> npt.NDArray[np.float32]:
@@ -223,9 +222,7 @@ def _spans_table(view: SampleView) -> str:
     rows = []
     for k, span in enumerate(view.sample.spans):
         reward = "-" if span.reward is None else f"{span.reward:.6g}"
-        constrained = getattr(span, "constrained", None)
-        source = getattr(span, "logprob_source", None)
-        error = getattr(span, "rescore_error", None)
+        constrained, source, error = span.constrained, span.logprob_source, span.rescore_error
         cells = (
             k,
             span.call_id,

@@ -73,20 +73,17 @@ class SampleView:
         }
 
     def constrained_tokens(self) -> int:
-        """Trained tokens of spans sampled under a constraint (`CallSpan.constrained`, issue 16;
-        read with getattr so samples written before it count none)."""
+        """Trained tokens of spans sampled under a constraint (`CallSpan.constrained`)."""
         mask = self.sample.loss_mask
         return sum(
-            int(np.count_nonzero(mask[s.start : s.end]))
-            for s in self.sample.spans
-            if getattr(s, "constrained", None)
+            int(np.count_nonzero(mask[s.start : s.end])) for s in self.sample.spans if s.constrained
         )
 
     def constrained_of(self) -> list[str | None]:
         """Per token: the constraint its call was sampled under (sampled tokens only), else None."""
         kinds: list[str | None] = [None] * self.sample.num_tokens
         for span in self.sample.spans:
-            kind = getattr(span, "constrained", None)
+            kind = span.constrained
             if kind:
                 kinds[span.start : span.end] = [str(kind)] * (span.end - span.start)
         return kinds

@@ -1,7 +1,7 @@
 """Finding one sample in JSON Lines files without parsing the others.
 
-`show --index 47000` used to build all 47,000 samples before it (token arrays and validation): 7 s
-and more on a large file. Here each line is only peeked at: its sample id and episode id come from
+Building the 47,000 samples before `show --index 47000` (token arrays and validation) would take
+7 s and more on a large file. Here each line is only peeked at: its sample id and episode id come from
 the head of the line (the sinks write `{"schema":..,"sample_id":..,"episode_id":..` first) and its
 view from its tail (`"view":..}` last; `start_reason` after the spans in files written before
 `view` existed). Only the target and the merged samples of its episode (its possible parents and

@@ -6,7 +6,7 @@ divergences by kind (each divergence starts exactly one merged sample, so they a
 and one vectorised `np.count_nonzero` over the loss mask, so a scan runs at the reader's speed; memory
 holds one number per sample (its reward and length) and one counter per episode, never token arrays.
 A file written with `assembly="both"` holds every call twice; calls, tokens and rewards count each
-agent's calls once (see `SampleStats`). Grammar-constrained calls (issue 16 span fields) are counted.
+agent's calls once (see `SampleStats`). Grammar-constrained calls (`CallSpan.constrained`) are counted.
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ _DISTINCT_REWARDS_SHOWN = 8
 class _View:
     """Calls, tokens, rewards and constrained sampling of a set of samples.
 
-    Constraint fields (issue 16: `CallSpan.constrained`, `logprob_source`, `rescore_error`) are read
-    with getattr, so samples written before them count as unconstrained.
+    Constraint fields: `CallSpan.constrained`, `logprob_source`, `rescore_error`.
     """
 
     samples: int = 0
@@ -67,16 +66,16 @@ class _View:
             self.rewards.append(float(sample.reward))
         self.sampling.add(sample.spans)
         for span in sample.spans:
-            kind = getattr(span, "constrained", None)
+            kind = span.constrained
             if not kind:
                 continue
             self.constrained_calls += 1
             self.constrained_kinds[str(kind)] += 1
             mask = sample.loss_mask[span.start : span.end]
             self.constrained_tokens += int(np.count_nonzero(mask))
-            source = getattr(span, "logprob_source", None)
+            source = span.logprob_source
             self.logprob_sources[str(source) if source else "none"] += 1
-            self.rescore_errors += bool(getattr(span, "rescore_error", None))
+            self.rescore_errors += bool(span.rescore_error)
 
     def absorb(self, other: _View) -> None:
         """Add `other`'s totals to these."""

@@ -1,10 +1,10 @@
 """Stable consumer names for `RedisStreamReader`, with a lease that keeps two live readers apart.
 
 Redis keeps a consumer group's unacknowledged entries per consumer *name*. A trainer that restarts
-under the name it had gets those entries back at once; under a new name (the old default,
-host-pid) they wait until another reader claims them after `claim_idle`. So the default name must
-survive a restart, yet two readers alive at the same time must never share one: both would be
-handed each other's pending entries and train on them twice.
+under the name it had gets those entries back at once; under a new name (a host-pid one, say)
+they wait until another reader claims them after `claim_idle`. So the default name must survive
+a restart, yet two readers alive at the same time must never share one: both would be handed
+each other's pending entries and train on them twice.
 
 The name is, in order: the `consumer` given; ``<group>-<worker>`` for a `worker` given; from the
 environment of a distributed launcher, ``<group>-rank<RANK>`` (torchrun, unique across hosts) or

@@ -50,7 +50,7 @@ class RedisSeenSet:
     """The ids of acknowledged samples, kept in Redis for at least `ttl` seconds (at most 2 ttl),
     so that any reader of the group, restarted or not, drops a copy that arrives later.
 
-    Why not one key per id (as before): a key costs ≈ 133 bytes of Redis memory (measured with
+    Why not one key per id: a key costs ≈ 133 bytes of Redis memory (measured with
     INFO used_memory on redis-server 7.0; MEMORY USAGE says 88 for the key alone), ≈ 190 MB at
     400 samples/s for a 1 h TTL. Here an id is a 64-bit digest (blake2b of the sample id) stored
     as an integer member of a set: key ``<prefix>:<generation>:<shard>`` with generation =
@@ -58,7 +58,7 @@ class RedisSeenSet:
     default set-max-intset-entries) are stored as packed arrays: ≈ 9 bytes per id, plus ≈ 100
     bytes per (generation, shard) key. Memory ≈ (1 to 2) × rate × ttl × 9 B + ≤ 2 × shards ×
     100 B; compact while rate × ttl ≤ 512 × shards (2.1 M ids per ttl with the default 4096
-    shards), beyond which a shard becomes a hash table (≈ 64 B per id, still half the old cost).
+    shards), beyond which a shard becomes a hash table (≈ 64 B per id, still half a key per id).
     A generation key expires when the next generation ends, and a lookup checks the current and
     the previous generation. The chance that an unrelated id shares a digest with one
     remembered (and is dropped) is about n / 2⁶⁴ per sample, n the ids remembered.

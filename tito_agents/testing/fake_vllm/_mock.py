@@ -1,9 +1,9 @@
 """`mock_transport`: the pure core as an in-process httpx/httpx2 transport (no socket, no thread).
 
 Most tests want the fake's answers, not its HTTP server: a transport that calls `FakeVLLM.handle`
-directly is faster, needs no port, and fails with a plain traceback. Every test used to hand-write
-one (and each wrote it slightly differently: some read streams whole, some left latency out); this
-is the one version, as close to `FakeVLLMServer` as an in-process transport can be:
+directly is faster, needs no port, and fails with a plain traceback. Hand-written ones drift apart
+(one reads streams whole, another leaves latency out), so this is the one version, as close to
+`FakeVLLMServer` as an in-process transport can be:
 
 * a body arrives whole with its `content-length`; a stream arrives event by event, as the fake
   produces them, with `transfer-encoding: chunked` (what the server sends);

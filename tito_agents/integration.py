@@ -10,6 +10,8 @@ for a framework (see `integrations/`) plugs in here:
   threads do not copy contextvars; `tito_agents.bind` does it for one function).
 * `captures(client)`: whether a client the framework holds really goes through capture, so an
   adapter can name an unwrapped client before its calls are lost.
+* `http_module_of(client)`: the HTTP library (httpx or httpx2) a client comes from, for code
+  that builds requests or responses for that client (the gateway's forwarder does).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tito_agents._capture import CaptureCore
+from tito_agents._http import http_module_of
 from tito_agents.episodes import (
     Attribution,
     ContextThreadPoolExecutor,
@@ -35,6 +38,7 @@ __all__ = [
     "captures",
     "current_agent",
     "current_episode",
+    "http_module_of",
     "register_resolver",
     "unregister_resolver",
 ]

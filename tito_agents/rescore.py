@@ -16,22 +16,21 @@ vLLM returned them, never filled). Nothing is ever guessed: a call the server ca
 keeps its flag and `Call.rescore_error` says why.
 
 Sans-IO: `plan` groups calls into batched requests and `apply` reads an answer; `rescore` (sync,
-a `Client` of httpx2 or httpx, whichever the openai SDK brought) and `arescore` (async) only do
+a `Client` of the HTTP library `tito_agents._http` picks) and `arescore` (async) only do
 the I/O.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import orjson
 
+from tito_agents._http import http_module
 from tito_agents.calls import Call, CallStatus, ScoringEndpoint
 
 logger = logging.getLogger("tito_agents")
@@ -166,16 +165,6 @@ def _split(request: RescoreRequest) -> list[RescoreRequest]:
     return [RescoreRequest(request.endpoint, [c], request_body(model, [c])) for c in request.calls]
 
 
-def _http() -> ModuleType:
-    """The HTTP library the openai SDK installed: httpx2 (openai >= 3) or httpx."""
-    for name in ("httpx2", "httpx"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    raise ImportError("re-scoring needs httpx2 or httpx (installed with the openai package)")
-
-
 def _answered(request: RescoreRequest, response: Any) -> tuple[int, list[RescoreRequest]]:
     """Apply an answer (a response, or the transport error raised instead) to `request`'s calls,
     shared by both runners: how many got logprobs, and the per-call retries of a refused batch."""
@@ -199,7 +188,7 @@ def rescore(calls: Iterable[Call], *, timeout: float = TIMEOUT_S) -> int:
     if not pending:
         return 0
     done = 0
-    http = _http()
+    http = http_module()
     client: Any
     with http.Client(timeout=timeout) as client:
         while pending:
@@ -221,7 +210,7 @@ async def arescore(calls: Iterable[Call], *, timeout: float = TIMEOUT_S) -> int:
     pending = plan(calls)
     if not pending:
         return 0
-    http = _http()
+    http = http_module()
     client: Any
     async with http.AsyncClient(timeout=timeout) as client:
 

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tito_agents._http import http_module
+
 GREEDY_EPS = 1e-5
 """Below this temperature vLLM samples greedily (vllm/v1/sample/sampler.py:19)."""
 
@@ -376,17 +378,16 @@ def probe_logprobs_mode(
     Explicit on purpose: capture never sends a request of its own inside an agent's call, so the
     mode is probed once by the caller and declared, e.g.
     `Collector(logprobs_mode=probe_logprobs_mode(url, model))`."""
-    import httpx
-
+    http = http_module()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        answer = httpx.post(
+        answer = http.post(
             f"{base_url.rstrip('/')}/chat/completions",
             json=probe_request(model),
             headers=headers,
             timeout=timeout,
         )
-    except httpx.HTTPError:
+    except http.HTTPError:
         return None
     if answer.status_code != 200:
         return None

@@ -111,6 +111,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "_speedups",
             "_worker",
             "_values",
+            "_http",
         ),
     ),
 )

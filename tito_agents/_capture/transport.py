@@ -30,6 +30,7 @@ from tito_agents._capture.flow import (
     tokens_of,
 )
 from tito_agents._capture.messages.relay import MessagesRelay
+from tito_agents._http import http_module_of
 
 logger = logging.getLogger("tito_agents")
 
@@ -259,17 +260,6 @@ def transport_classes(module: types.ModuleType) -> tuple[type[Any], type[Any]]:
             await self.inner.aclose()
 
     return CaptureTransport, AsyncCaptureTransport
-
-
-def http_module_of(http_client: Any) -> types.ModuleType:
-    """The httpx-family module an HTTP client instance comes from (httpx or httpx2)."""
-    import importlib
-
-    for klass in type(http_client).__mro__:
-        root = klass.__module__.split(".")[0]
-        if root in ("httpx", "httpx2"):
-            return importlib.import_module(root)
-    raise TypeError(f"{type(http_client).__name__} is not an httpx or httpx2 client")
 
 
 def install(http_client: Any, core: CaptureCore) -> None:

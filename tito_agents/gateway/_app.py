@@ -36,7 +36,6 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from tito_agents._capture.transport import http_module_of
 from tito_agents.collector import Collector
 from tito_agents.errors import TitoError
 from tito_agents.gateway._control import ControlAPI, json_response
@@ -53,7 +52,7 @@ from tito_agents.gateway._forward import (
 from tito_agents.gateway._journal import Journal
 from tito_agents.gateway._registry import OpenEpisode, Registry, RegistryError
 from tito_agents.gateway._routes import ModelCall, Refused, check_query, check_raw_path, model_call
-from tito_agents.integration import Attribution, register_resolver
+from tito_agents.integration import Attribution, http_module_of, register_resolver
 
 T = TypeVar("T")
 logger = logging.getLogger("tito_agents.gateway")

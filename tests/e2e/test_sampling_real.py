@@ -18,7 +18,7 @@ import pytest
 
 import tito_agents as tito
 from tests.support.e2e_servers import load_vllm_server_script
-from tito_agents.cli import _sampling
+from tito_agents.assembly import sampling_report
 from tito_agents.sampling import (
     FROM_REQUEST,
     PROCESSED_LOGPROBS,
@@ -80,7 +80,7 @@ def test_raw_mode_spans_say_how_they_were_sampled(
         assert (span.sampling.temperature, span.sampling.top_k) == (0.7, 20)
         assert (span.sampling_source, span.logprobs_mode) == (FROM_REQUEST, None)
         declare_sampling(sample.spans, logprobs_mode=mode)
-    counts = _sampling.SamplingCounts()
+    counts = sampling_report.SamplingCounts()
     for sample in samples:
         counts.add(sample.spans)
     assert counts.raw_uncorrectable == len(samples)  # what `stats` and `drift` warn about

@@ -183,6 +183,30 @@ def test_both_assembly_counts_each_call_once(
     assert 'assembly="both"' in text and "per-call view: 4 samples" in text
 
 
+def test_both_assembly_never_mixes_the_views_in_averages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The per-sample and per-episode figures count the same view as the totals (the merged one
+    where an episode has both): tokens per sample is tokens over the counted samples, and each
+    view's own averages are its own."""
+    both, merged_only = _both_views()
+    path = write_samples(tmp_path / "s.jsonl", [*both, *merged_only])
+    code, out, _ = run_cli(["stats", path, "--json"], capsys)
+    data = json.loads(out)
+    merged = [s for s in [*both, *merged_only] if s.start_reason != "call"]
+    per_call = [s for s in both if s.start_reason == "call"]
+    assert code == 0
+    assert data["tokens_per_sample"]["mean"] == pytest.approx(data["tokens"] / len(merged))
+    assert data["samples_per_episode"]["mean"] == pytest.approx(len(merged) / 3)
+    per_call_view = data["views"]["per_call"]
+    assert per_call_view["tokens_per_sample"]["mean"] == pytest.approx(
+        sum(s.num_tokens for s in per_call) / len(per_call)
+    )
+    assert per_call_view["samples_per_episode"]["mean"] == pytest.approx(len(per_call) / 2)
+    _, text, _ = run_cli(["stats", path], capsys)
+    assert "per-call view: 4 samples (2 per episode)" in text
+
+
 def test_constrained_spans_are_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Spans sampled under a constraint are counted: calls, their trained tokens, kinds, and how
     many were re-scored or keep only the masked logprobs; files without the fields count none."""

@@ -12,8 +12,7 @@ import pytest
 
 from tests import factories
 from tests.support.cli_samples import run_cli
-from tito_agents.assembly import AssemblyOptions, EpisodeContext, assemble
-from tito_agents.cli import _sampling
+from tito_agents.assembly import AssemblyOptions, EpisodeContext, assemble, sampling_report
 from tito_agents.convert import (
     TokenSampling,
     pack_batch,
@@ -255,16 +254,16 @@ def test_cli_counts_marks_and_warns() -> None:
     truncated = _sample(SamplingParams(temperature=0.7, top_p=0.8))
     for span in truncated.spans:
         span.logprobs_mode = RAW_LOGPROBS
-    counts = _sampling.SamplingCounts()
-    list(_sampling.counting([truncated, truncated], counts))  # one episode: each call once
+    counts = sampling_report.SamplingCounts()
+    list(sampling_report.counting([truncated, truncated], counts))  # one episode: each call once
     data = counts.to_dict()
     assert (data["spans"], data["truncated"], data["raw_uncorrectable"]) == (2, 1, 1)
-    assert "raw logprobs" in _sampling.warnings(data)[0]
-    assert _sampling.marks(truncated.spans[0]).startswith("T=0.7 top_p=0.8 [raw_logprobs")
-    assert _sampling.marks(truncated.spans[1]) == ""
+    assert "raw logprobs" in sampling_report.warnings(data)[0]
+    assert sampling_report.marks(truncated.spans[0]).startswith("T=0.7 top_p=0.8 [raw_logprobs")
+    assert sampling_report.marks(truncated.spans[1]) == ""
     declare_sampling(truncated.spans, logprobs_mode=PROCESSED_LOGPROBS)
-    assert _sampling.marks(truncated.spans[0]) == "T=0.7 top_p=0.8"
-    counts = _sampling.SamplingCounts()
+    assert sampling_report.marks(truncated.spans[0]) == "T=0.7 top_p=0.8"
+    counts = sampling_report.SamplingCounts()
     counts.add(_sample(FULL).spans)
     assert counts.reshaped == 1 and counts.mode_unknown == 1
     with pytest.raises(ValueError):
@@ -282,7 +281,10 @@ def test_stats_show_and_drift_report_truncated_spans(
     sink.write([sample])
     sink.close()
     code, out, _ = run_cli(["stats", path], capsys)
-    assert code == 0 and "truncated spans" in out and "hold raw logprobs" in out
+    assert code == 0 and "1 of 2 spans truncated (top-p, top-k or min-p" in out
+    assert "1 of 2 spans tempered (sampled at a temperature other than 1)" in out
+    assert "2 spans hold raw_logprobs (the model's own softmax" in out
+    assert "hold raw logprobs" in out
     code, out, _ = run_cli(["stats", path, "--json"], capsys)
     assert orjson.loads(out)["sampling"]["raw_uncorrectable"] == 1
     code, out, _ = run_cli(["show", path, "--color", "never"], capsys)

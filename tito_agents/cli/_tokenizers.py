@@ -24,6 +24,16 @@ from tito_agents.cli._errors import CliInputError
 __all__ = ["decode_runs", "decode_tokens", "encode_text", "is_gguf", "load_tokenizer"]
 
 _GGUF_MAGIC = b"GGUF"
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "spiece.model",
+    "vocab.txt",
+)
+"""Files one of which a tokenizer folder holds; a folder with none is not a tokenizer folder (left
+to transformers, it fails with a message about sentencepiece that names no file)."""
 
 
 def is_gguf(path: Path) -> bool:
@@ -45,6 +55,12 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> Any:
     transformers = _import_transformers(path)
     kwargs: dict[str, Any] = {"local_files_only": True}
     if path.is_dir():
+        if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+            raise CliInputError(
+                None,
+                f"no tokenizer.json in {path} (nor another tokenizer file): give the folder that "
+                "holds the model's tokenizer files, or a .gguf file",
+            )
         location = str(path)
     elif is_gguf(path):
         location, kwargs["gguf_file"] = str(path.parent), path.name

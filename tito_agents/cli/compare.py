@@ -35,19 +35,40 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+HOW_TO_PRODUCE = (
+    "a comparison is written by `make rl-step` (out/rl-step/comparison.json; examples/rl_step.py, "
+    "needs torch and the model), or by saving "
+    "tito_agents.trainer_check.compare(samples, calls, model_dir).to_dict() as JSON"
+)
+"""What `compare` reads is not a samples file: every refusal says where the file comes from."""
+
+
 def _load(path: str) -> dict[str, Any]:
     try:
         data = json.loads(user_path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CliInputError(path, f"no such file; {HOW_TO_PRODUCE}") from None
     except json.JSONDecodeError as exc:
-        raise CliInputError(path, f"not JSON ({exc.msg}, line {exc.lineno})") from None
-    except UnicodeDecodeError:
-        raise CliInputError(path, "not JSON (not UTF-8 text: a binary file?)") from None
-    if not isinstance(data, dict) or ("tito" not in data and not is_loop(data)):
+        lines = " (JSON Lines: a samples file?)" if exc.msg == "Extra data" else ""
         raise CliInputError(
-            path, "not a trainer-view comparison (no 'tito' figures) nor an RL loop's steps"
+            path, f"not JSON ({exc.msg}, line {exc.lineno}){lines}; {HOW_TO_PRODUCE}"
+        ) from None
+    except UnicodeDecodeError:
+        raise CliInputError(
+            path, f"not JSON (not UTF-8 text: a binary file?); {HOW_TO_PRODUCE}"
+        ) from None
+    if not isinstance(data, dict) or ("tito" not in data and not is_loop(data)):
+        what = (
+            "a samples file, not a comparison (`tito-agents stats` reads those)"
+            if isinstance(data, dict) and "token_ids" in data
+            else "not a trainer-view comparison (no 'tito' figures) nor an RL loop's steps"
         )
+        raise CliInputError(path, f"{what}; {HOW_TO_PRODUCE}")
     if not (data["rows"] if is_loop(data) else data["tito"]):
-        raise CliInputError(path, "holds no figures (no 'tito' results, or a loop with no steps)")
+        raise CliInputError(
+            path,
+            f"holds no figures (no 'tito' results, or a loop with no steps); {HOW_TO_PRODUCE}",
+        )
     return data
 
 

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import orjson
 
+from tito_agents.assembly import sampling_report
 from tito_agents.assembly.divergence import common_prefix_len, normalize_template_text
 from tito_agents.calls import IdArray
-from tito_agents.cli import _sampling
 from tito_agents.cli._drift_format import format_drift
 from tito_agents.cli._drift_report import EXAMPLES, DriftReport, EpisodeDrift, SampleDrift
 from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
@@ -301,7 +301,8 @@ def run(args: argparse.Namespace) -> int:
     samples = open_samples_file(args.samples_file, allow_truncated=args.allow_truncated)
     tokenizer = load_tokenizer(args.tokenizer)
     renderer = _renderer(args, tokenizer)
-    sampling = _sampling.SamplingCounts()  # spans a trainer cannot correct: warned about below
+    # spans a trainer cannot correct: warned about below
+    sampling = sampling_report.SamplingCounts()
     with Progress(
         "drift",
         enabled=progress_enabled(args.progress),
@@ -309,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
         estimated=not samples.count_is_exact,
     ) as progress:
         report = measure_drift(
-            _sampling.counting(samples, sampling),
+            sampling_report.counting(samples, sampling),
             tokenizer,
             renderer=renderer,
             whole_sequences=not args.calls_only,
@@ -329,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        warnings = _sampling.warnings(data["sampling"])
+        warnings = sampling_report.warnings(data["sampling"])
         sys.stdout.write("\n".join([format_drift(data), *warnings]) + "\n")
     drifted = report.calls.drifted > 0
     return EXIT_FINDINGS if drifted and args.fail_on_drift else EXIT_OK

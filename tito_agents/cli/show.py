@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import orjson
 
-from tito_agents.cli import _sampling
+from tito_agents.assembly import sampling_report
 from tito_agents.cli._errors import EXIT_OK, CliInputError
 from tito_agents.cli._html import Run, render_html
 from tito_agents.cli._layout import CLASS_NAMES, CONTEXT, ENV, TRAINED, SampleView, build_view
@@ -126,7 +126,13 @@ def add_parser(subparsers: Any) -> None:
     )
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--sample", metavar="ID", help="sample id (or a unique prefix of it)")
-    which.add_argument("--index", type=int, default=0, metavar="N", help="the N-th sample (0)")
+    which.add_argument(
+        "--index",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the N-th sample, from 0; a negative N counts from the end (-1: the last)",
+    )
     parser.add_argument(
         "--tokenizer", metavar="DIR_OR_GGUF", help="decode tokens to text (else ids are shown)"
     )
@@ -145,7 +151,10 @@ def locate(
     """The wanted sample and its episode's samples, as `find_sample` finds them. JSON Lines files
     are searched line by line without building the other samples (`_seek`): `--index 47000` on a
     1 GB file reads it at disk speed. Other formats are read sample by sample. The episode list
-    holds the samples the view needs: the target and its episode's merged samples."""
+    holds the samples the view needs: the target and its episode's merged samples. A negative
+    `index` counts from the end, as in Python (the file is read once more to count)."""
+    if sample_id is None and index < 0:
+        index = _from_end(samples, index)
     if samples.format != JSONL:
         target, episode, _ = find_sample(samples, sample_id=sample_id, index=index)
         return target, episode
@@ -154,6 +163,20 @@ def locate(
     found, run, _ = find_sample(entries, sample_id=sample_id, index=index)
     target = found.sample()
     return target, [e.sample() for e in run if e is found or e.merged]
+
+
+def _from_end(samples: SampleSource, index: int) -> int:
+    """The index from the start of the sample `index` (< 0) counts from the end."""
+    if samples.format == JSONL:
+        entries = iter_entries(
+            list(samples.parts or (samples.path,)), keep_id=None, keep_index=None
+        )
+        total = sum(1 for _ in entries)
+    else:
+        total = sum(1 for _ in samples)
+    if total + index < 0:
+        raise CliInputError(None, f"no sample #{index} among {total:,} samples")
+    return total + index
 
 
 def run(args: argparse.Namespace) -> int:
@@ -242,7 +265,7 @@ def format_sample(view: SampleView, texts: list[str], paint: Painter) -> str:
                     _reward(s.reward),
                     s.policy_version or "-",
                     _constraint(s),
-                    _sampling.marks(s) or "-",
+                    sampling_report.marks(s) or "-",
                 )
                 for k, s in enumerate(sample.spans)
             ],
@@ -268,7 +291,7 @@ def format_sample(view: SampleView, texts: list[str], paint: Painter) -> str:
 def _sampling_lines(sample: Sample) -> list[str]:
     """A line when some span was sampled from a truncated distribution (and the warnings for
     spans whose logprobs a trainer cannot correct from the sample)."""
-    counts = _sampling.SamplingCounts()
+    counts = sampling_report.SamplingCounts()
     counts.add(sample.spans)
     data = counts.to_dict()
     if not (data["truncated"] or data["tempered"] or data["reshaped"]):
@@ -278,7 +301,7 @@ def _sampling_lines(sample: Sample) -> list[str]:
         f"min-p), {data['tempered']} tempered: a trainer needs behaviour logprobs "
         "(docs/converters.md)"
     )
-    return [line, *_sampling.warnings(data)]
+    return [line, *sampling_report.warnings(data)]
 
 
 def _constraint(span: Any) -> str:

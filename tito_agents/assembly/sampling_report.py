@@ -1,5 +1,8 @@
-"""How the spans of a samples file were sampled, for `stats`, `show` and `drift`.
+"""How the spans of samples were sampled: counted, described and warned about (the `tito-agents`
+commands `stats`, `show` and `drift` print these; a pipeline can log them).
 
+A span is one call's part of a sample. A span is *tempered* when it was sampled at a temperature
+other than 1, and *truncated* when top-p, top-k or min-p cut the distribution it was sampled from.
 Counts spans by what a trainer has to do about their logprobs (`CallSpan.sampling`,
 `logprobs_mode`; `tito_agents.sampling`): plain spans (T=1, no truncation) need nothing; tempered or
 truncated spans need behaviour logprobs (`tito_agents.convert.behaviour_logprobs`); and some cannot
@@ -131,15 +134,41 @@ class SamplingCounts:
         }
 
 
-def detail(counts: dict[str, Any]) -> str:
-    """The `stats` row's detail: "3 tempered, 2 reshaped; logprobs raw_logprobs 5"."""
-    parts = [f"{counts['tempered']:,} tempered"]
+_MODE_MEANINGS = {
+    RAW_LOGPROBS: "the model's own softmax, before temperature and truncation",
+    "processed_logprobs": "of the distribution that sampled",
+}
+
+
+def describe(counts: dict[str, Any]) -> list[str]:
+    """How the spans were sampled, in words (one line each): how many were truncated and
+    tempered, and what their logprobs are (or that they do not say)."""
+    spans, unknown = counts["spans"], counts["unknown"]
+    known = spans - unknown
+    lines = [
+        "sampling (a span is one call's part of a sample):",
+        f"  {counts['truncated']:,} of {known:,} spans truncated (top-p, top-k or min-p cut the "
+        "distribution they were sampled from)",
+        f"  {counts['tempered']:,} of {known:,} spans tempered (sampled at a temperature other "
+        "than 1)",
+    ]
     if counts["reshaped"]:
-        parts.append(f"{counts['reshaped']:,} reshaped (penalties, logit bias, ...)")
-    if counts["unknown"]:
-        parts.append(f"{counts['unknown']:,} spans do not say")
-    modes = ", ".join(f"{k} {v:,}" for k, v in counts["logprobs_modes"].items())
-    return "; ".join(parts) + (f"; logprobs: {modes}" if modes else "")
+        lines.append(
+            f"  {counts['reshaped']:,} of {known:,} spans reshaped (penalties, logit bias, ...)"
+        )
+    modes = dict(counts["logprobs_modes"])
+    mode_unknown = modes.pop("unknown", 0)
+    for mode, n in modes.items():
+        meaning = _MODE_MEANINGS.get(mode)
+        lines.append(f"  {n:,} spans hold {mode}" + (f" ({meaning})" if meaning else ""))
+    if mode_unknown:
+        lines.append(
+            f"  {mode_unknown:,} spans do not say whether their logprobs are raw or processed "
+            "(the server's --logprobs-mode was not recorded)"
+        )
+    if unknown:
+        lines.append(f"  {unknown:,} spans do not say how they were sampled (not recorded in this file)")
+    return lines
 
 
 def warnings(counts: dict[str, Any]) -> list[str]:

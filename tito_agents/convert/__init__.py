@@ -19,7 +19,7 @@ See docs/converters.md for every field and where each token, mask bit and logpro
 from __future__ import annotations
 
 from tito_agents.convert._arrays import IGNORE_INDEX, torch_available
-from tito_agents.convert._common import (
+from tito_agents.convert._sample_fields import (
     ConversionError,
     group_key,
     policy_version_of,

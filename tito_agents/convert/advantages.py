@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from tito_agents.convert._common import (
+from tito_agents.convert._sample_fields import (
     ConversionError,
     group_key,
     require_one_view,

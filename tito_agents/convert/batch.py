@@ -37,7 +37,7 @@ from tito_agents.convert._arrays import (
     span_mask,
     to_torch,
 )
-from tito_agents.convert._common import ConversionError, prompt_length, require_samples
+from tito_agents.convert._sample_fields import ConversionError, prompt_length, require_samples
 from tito_agents.convert.behaviour import needs_behaviour_logprobs
 from tito_agents.samples import Sample
 

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from tito_agents.convert import _sampling_arrays
 from tito_agents.convert._arrays import check_advantages, to_torch, torch_module
-from tito_agents.convert._common import ConversionError, require_samples
+from tito_agents.convert._sample_fields import ConversionError, require_samples
 from tito_agents.convert.batch import ShiftedTargets, shifted_targets
 from tito_agents.convert.behaviour import needs_behaviour_logprobs
 from tito_agents.samples import Sample

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tito_agents.convert._arrays import check_advantages
-from tito_agents.convert._common import (
+from tito_agents.convert._sample_fields import (
     ConversionError,
     group_key,
     policy_version_of,

@@ -30,8 +30,13 @@ import numpy as np
 import numpy.typing as npt
 
 from tito_agents.convert._arrays import Overflow, to_torch
-from tito_agents.convert._common import group_key, require_one_view, require_samples, reward_of
-from tito_agents.convert._common import prompt_length as split_point
+from tito_agents.convert._sample_fields import (
+    group_key,
+    require_one_view,
+    require_samples,
+    reward_of,
+)
+from tito_agents.convert._sample_fields import prompt_length as split_point
 from tito_agents.convert.advantages import trajectory_of
 from tito_agents.convert.batch import SplitBatch, pad_split_batch
 from tito_agents.errors import ConfigurationError

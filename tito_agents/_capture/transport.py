@@ -18,18 +18,9 @@ from typing import Any
 import anyio
 
 from tito_agents._capture import CaptureCore, StreamTee
-from tito_agents._capture.flow import (
-    Close,
-    Fetch,
-    Flow,
-    ReadBody,
-    Send,
-    Step,
-    Tokenize,
-    request_flow,
-    tokens_of,
-)
+from tito_agents._capture.flow import request_flow, tokens_of
 from tito_agents._capture.messages.relay import MessagesRelay
+from tito_agents._capture.steps import Close, Fetch, Flow, ReadBody, Send, Step, Tokenize
 from tito_agents._http import http_module_of
 
 logger = logging.getLogger("tito_agents")

@@ -2,5 +2,5 @@
 capture sends: the request as vLLM's own chat conversion, prepared as a chat request), `convert`
 (that conversion), `check` (what vLLM's request model accepts), `probe` (the conversion choices
 read from the server's template), `reply` (a chat answer back as Messages answers it) and `relay`
-(the probes' plan and the live stream relay). The I/O of a Messages call (its probes, the answer
-converted back) is driven by `_capture/flow.py`, whose Messages steps call these."""
+(the probes' plan and the live stream relay), `flow` (a Messages call's steps in the capture flow:
+the probes sent, the chat answer converted back)."""

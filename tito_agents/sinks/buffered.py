@@ -33,10 +33,13 @@ GIL, until it has taken them (at most `PACE_TIMEOUT` per call). The producer the
 speed delivery allows instead of piling up lag. `write_nowait` never paces.
 
 Threading: every method may be called from any thread; `inner` is only ever called from the
-delivery thread (its half of the class: `sinks._delivery.Delivery`). Blocking: `write` returns at
-once unless the buffer is full and no spill log is configured (or the spill append fails), or it
-paces (above); `write_nowait` never waits: it raises a retryable `SinkError` where `write` would
-wait for room, and never paces. `flush` and `close` block until delivery (see their docstrings).
+delivery thread. The sink is the producer's side (accept, pace, block, flush, close); the queue
+and its thread (deliver, retry, reject, spill) are a `sinks._delivery.Delivery` it holds.
+
+Blocking: `write` returns at once unless the buffer is full and no spill log is configured (or the
+spill append fails), or it paces (above); `write_nowait` never waits: it raises a retryable
+`SinkError` where `write` would wait for room, and never paces. `flush` and `close` block until
+delivery (see their docstrings).
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ import asyncio
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,14 +59,13 @@ from tito_agents.sinks._delivery import Delivery
 from tito_agents.sinks.base import Sink
 from tito_agents.sinks.codec import sample_nbytes
 from tito_agents.sinks.retry import PACE_TIMEOUT, Backoff, check_buffer_options
-from tito_agents.sinks.spill import SpillLog
 
 __all__ = ["Backoff", "BufferedSink"]
 
 logger = logging.getLogger("tito_agents.sinks")
 
 
-class BufferedSink(Delivery, Sink):
+class BufferedSink(Sink):
     """A bounded, retrying, spilling buffer in front of `inner` (see the module docstring).
 
     inner: the destination sink; called from the delivery thread only, and closed by `close`.
@@ -126,45 +127,26 @@ class BufferedSink(Delivery, Sink):
         self.rejected_samples: list[Sample] = []
         """Samples the destination refused for good (also in ``<spill_dir>/rejected/``)."""
         self.spill_dir = Path(spill_dir).expanduser() if spill_dir is not None else None
-        # Opened now so a spill log left by a crashed process is replayed at once.
-        self._spill = SpillLog(self.spill_dir) if self.spill_dir is not None else None
-        self._rejected_log: SpillLog | None = None
-        self._worker = self._new_worker(after_fork=self._reset_after_fork)
-        self._memory: deque[Sample] = deque()
-        self._memory_bytes = 0
-        self._inflight = 0
-        self._spilling = False
-        self._done = 0
-        self._flush_target = 0
-        self._flushed = 0
-        self._flush_error: BaseException | None = None
-        self._closing = False
         self._closed = False
-        if self._spill is not None:
-            self.stats.spill_pending = self._spill.pending
-            if self.stats.spill_pending:
-                self._spilling = True
-                with self._cond:
-                    self._worker.start()
+        self._delivery = Delivery(self, after_fork=self._reset_after_fork)
         lifecycle.track(self)
 
     def __repr__(self) -> str:
         return f"BufferedSink({self.name})"
 
     def _reset_after_fork(self) -> None:
-        """In a forked child (the worker has a new lock and no thread): the parent keeps
-        delivering what it had accepted; the child starts with an empty buffer, its own counters
-        and (lazily) spill folder."""
-        self._memory = deque()
-        self._memory_bytes = self._inflight = 0
-        self._done = self._flush_target = self._flushed = 0
-        self._spilling = False
-        self._spill = None  # the parent's files stay the parent's
-        self._rejected_log = None
+        """In a forked child (the delivery has an empty queue, a new lock and no thread): the
+        parent keeps delivering what it had accepted; the child starts with its own counters."""
         self.rejected_samples = []
         self.stats = DeliveryStats()
-        self._closing = self._closed = False
+        self._closed = False
         lifecycle.track(self)
+
+    @property
+    def pending(self) -> int:
+        """Samples accepted and neither delivered nor rejected yet."""
+        with self._delivery.cond:
+            return self._delivery.unfinished()
 
     # ---- hot path ----
 
@@ -178,11 +160,12 @@ class BufferedSink(Delivery, Sink):
         nbytes = sum(sample_nbytes(s) for s in batch)
         waited_since: float | None = None
         warn_after = 10.0
-        with self._cond:
+        delivery = self._delivery
+        with delivery.cond:
             self._check_open()
-            self._worker.start()
+            delivery.start()
             while True:
-                if self._enqueue_locked(batch, nbytes):
+                if delivery.accept(batch, nbytes):
                     break
                 if waited_since is None:
                     waited_since = time.monotonic()
@@ -203,7 +186,7 @@ class BufferedSink(Delivery, Sink):
                         waited,
                         self.stats.last_error,
                     )
-                self._cond.wait(1.0)
+                delivery.cond.wait(1.0)
                 self._check_open()
             if waited_since is not None:
                 self.stats.blocked_seconds += time.monotonic() - waited_since
@@ -211,13 +194,7 @@ class BufferedSink(Delivery, Sink):
 
     def _behind(self) -> bool:
         """The worker is `pace_after` samples behind a healthy destination."""
-        return (
-            self.pace_after is not None
-            and len(self._memory) >= self.pace_after
-            and self._worker.failing_since is None
-            and not self._spilling
-            and not self._closing
-        )
+        return self._delivery.behind(self.pace_after)
 
     def _pace_locked(self) -> None:
         """Give the worker its turn: wait, the GIL released, until it took what waits in memory
@@ -230,12 +207,12 @@ class BufferedSink(Delivery, Sink):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            self._cond.wait(remaining)
+            self._delivery.cond.wait(remaining)
         self.stats.paced_writes += 1
         self.stats.paced_seconds += time.monotonic() - started
 
     def _pace(self) -> None:
-        with self._cond:
+        with self._delivery.cond:
             self._pace_locked()
 
     def write_nowait(self, samples: Sequence[Sample]) -> None:
@@ -252,10 +229,11 @@ class BufferedSink(Delivery, Sink):
             return
         batch = list(samples)
         nbytes = sum(sample_nbytes(s) for s in batch)
-        with self._cond:
+        delivery = self._delivery
+        with delivery.cond:
             self._check_open()
-            self._worker.start()
-            if self._enqueue_locked(batch, nbytes):
+            delivery.start()
+            if delivery.accept(batch, nbytes):
                 return
             self.stats.refused_writes += 1
         raise SinkError(
@@ -275,70 +253,19 @@ class BufferedSink(Delivery, Sink):
             return
         batch = list(samples)
         nbytes = sum(sample_nbytes(s) for s in batch)
-        with self._cond:
+        delivery = self._delivery
+        with delivery.cond:
             self._check_open()
-            self._worker.start()
-            accepted = self._enqueue_memory_if_room(batch, nbytes)
+            delivery.start()
+            accepted = delivery.accept_in_memory(batch, nbytes)
             behind = self._behind()
         if not accepted:
             await asyncio.to_thread(self.write, batch)
         elif behind:  # this coroutine waits; the others run on, until they wait too
             await asyncio.to_thread(self._pace)
 
-    def _fits(self, count: int, nbytes: int) -> bool:
-        if not self._memory:
-            return True
-        return (
-            len(self._memory) + count <= self.max_buffer_samples
-            and self._memory_bytes + nbytes <= self.max_buffer_bytes
-        )
-
-    def _enqueue_memory(self, batch: list[Sample], nbytes: int) -> None:
-        self._memory.extend(batch)
-        self._memory_bytes += nbytes
-        self.stats.accepted += len(batch)
-        self.stats.buffered = len(self._memory) + self._inflight
-        self._worker.wake(full=len(self._memory) >= self.batch_size)
-
-    def _enqueue_memory_if_room(self, batch: list[Sample], nbytes: int) -> bool:
-        """Put `batch` in memory if memory is where it belongs now and there is room."""
-        if self._spilling or self._spill_due() or not self._fits(len(batch), nbytes):
-            return False
-        self._enqueue_memory(batch, nbytes)
-        return True
-
-    def _enqueue_locked(self, batch: list[Sample], nbytes: int) -> bool:
-        """Put `batch` in memory or the spill log; False when it must wait for room."""
-        if self._enqueue_memory_if_room(batch, nbytes):
-            return True
-        if self._spill_due() and (self._memory or not self._spilling):
-            self._spill_memory_locked([])  # what waits in memory goes first, keeping the order
-        if not self._spilling and self._fits(len(batch), nbytes):
-            self._enqueue_memory(batch, nbytes)  # the spill log refused: memory, as before
-            return True
-        spill = self._spill_log()
-        if spill is None:
-            return False
-        try:
-            spill.append(batch)
-        except SinkError as exc:
-            return self._spill_refused(exc, "applying backpressure")
-        if not self._spilling:
-            logger.warning(
-                "%s: buffer full (%d samples); spilling to %s until the destination catches up",
-                self.name,
-                len(self._memory),
-                spill.folder,
-            )
-        self._spilling = True
-        self.stats.accepted += len(batch)
-        self.stats.spilled += len(batch)
-        self.stats.spill_pending = spill.pending
-        self._cond.notify_all()
-        return True
-
     def _check_open(self) -> None:
-        if self._closing:
+        if self._delivery.closing:
             raise SinkError(f"{self.name} is closed", retryable=False)
 
     # ---- flush / close ----
@@ -346,22 +273,22 @@ class BufferedSink(Delivery, Sink):
     def force_flush(self, timeout: float | None = None) -> bool:
         """Deliver everything accepted so far and flush `inner`; True if that finished in time."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        delivery = self._delivery
+        with delivery.cond:
             if self._closed:
-                return self._done >= self.stats.accepted
-            self._worker.start()
+                return delivery.unfinished() <= 0
+            delivery.start()
             target = self.stats.accepted
-            self._flush_target = max(self._flush_target, target)
-            self._cond.notify_all()
-            while self._flushed < target or self._done < target:
-                if self._flush_error is not None:
-                    error, self._flush_error = self._flush_error, None
+            delivery.request_flush(target)
+            while not delivery.flushed(target):
+                error = delivery.take_flush_error()
+                if error is not None:
                     msg = f"{self.name}: flush failed: {error}"
                     raise SinkError(msg, retryable=False) from error
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._cond.wait(remaining if remaining is not None else 1.0)
+                delivery.cond.wait(remaining if remaining is not None else 1.0)
             return True
 
     def flush(self, timeout: float | None = None) -> None:
@@ -390,20 +317,10 @@ class BufferedSink(Delivery, Sink):
         says how many samples were not delivered.
         """
         timeout = self.close_timeout if timeout is None else timeout
-        with self._cond:
-            if self._closing:
-                return
-            self._closing = True
-            self._cond.notify_all()
-            thread = self._worker.thread
-        if thread is not None:
-            thread.join(timeout)
-            if thread.is_alive():
-                self._worker.abort.set()  # cut the backoff short; the batch is handed back
-                with self._cond:
-                    self._cond.notify_all()
-                thread.join()
-        leftover = self._save_leftover()
+        delivery = self._delivery
+        if not delivery.stop(timeout):
+            return  # closed, or being closed, by another call
+        leftover = delivery.save_leftover()
         try:
             self.inner.close()
         except Exception as exc:
@@ -411,10 +328,7 @@ class BufferedSink(Delivery, Sink):
             if not leftover:
                 raise
         finally:
-            if self._spill is not None:
-                self._spill.close()
-            if self._rejected_log is not None:
-                self._rejected_log.close()
+            delivery.close_logs()
             self._closed = True
         if leftover:
             raise SinkError(leftover, retryable=True)

@@ -4,7 +4,6 @@ the call when the stream ends or the caller closes it; never buffers what the ca
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Protocol
 
@@ -14,7 +13,6 @@ from tito_agents._capture.wire import (
     ResponseParser,
     SSEDecoder,
 )
-from tito_agents.calls import Endpoint
 from tito_agents.errors import (
     CaptureError,
     IncompleteCallError,
@@ -23,10 +21,6 @@ from tito_agents.errors import (
 
 HOLD_BYTES = 32 << 10
 """How many bytes of a stream the tee holds before decoding them (see `StreamTee.feed`)."""
-_CHAT_END = re.compile(rb"\[DONE\]")
-_RESPONSES_END = re.compile(rb"response\.(?:completed|incomplete|failed)")
-"""What a chunk that may end a stream holds (a mark split across chunks only defers the
-recording to the end of the stream or its close)."""
 logger = logging.getLogger(__name__)
 
 
@@ -120,9 +114,7 @@ class StreamTee:
         self._held: list[bytes] = []
         """Chunks not decoded yet (at most `HOLD_BYTES`; see `feed`)."""
         self._held_bytes = 0
-        self._may_end = (
-            _RESPONSES_END if pending.info.endpoint is Endpoint.RESPONSES else _CHAT_END
-        ).search
+        self._may_end = self._parser.STREAM_END.search
 
     def feed(self, data: bytes) -> None:
         """Absorb one raw chunk. Raises only under `ErrorMode.RAISE`.

@@ -5,6 +5,7 @@ Long arrays of a body are cut out and parsed as arrays (`fastpath`)."""
 from __future__ import annotations
 
 import operator
+import re
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,6 +164,8 @@ def _check_logprobs(choice: ParsedChoice, info: RequestInfo) -> None:
 
 class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIONS)):
     """The `ResponseParser` of chat completions and completions (see the module docstring)."""
+
+    STREAM_END = re.compile(rb"\[DONE\]")
 
     def __init__(self, info: RequestInfo) -> None:
         super().__init__(info)

@@ -11,6 +11,7 @@ carries the ids."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -217,6 +218,8 @@ def added_paths(payload: dict[str, Any], info: RequestInfo) -> list[Path]:
 
 class ResponsesParser(ResponseParser, endpoints=(Endpoint.RESPONSES,)):
     """The `ResponseParser` of the Responses API (see the module docstring)."""
+
+    STREAM_END = re.compile(rb"response\.(?:completed|incomplete|failed)")
 
     def __init__(self, info: RequestInfo) -> None:
         super().__init__(info)

@@ -11,6 +11,7 @@ when it subclasses `ResponseParser`; importing `tito_agents._capture.wire` regis
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -73,6 +74,10 @@ class ResponseParser:
     """
 
     _by_endpoint: ClassVar[dict[Endpoint, type[ResponseParser]]] = {}
+    STREAM_END: ClassVar[re.Pattern[bytes]]
+    """What a stream chunk that may end the stream holds: the tee decodes at once on it, so the
+    call is recorded before that chunk reaches the caller (a mark split across chunks only
+    defers the recording to the end of the stream or its close)."""
 
     def __init_subclass__(cls, *, endpoints: tuple[Endpoint, ...] = (), **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

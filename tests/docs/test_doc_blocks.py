@@ -53,7 +53,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.gateway_harness import TOKEN as GATEWAY_TOKEN
-from tests.support.gateway_harness import free_port, serve_cli
+from tests.support.gateway_harness import serve_cli
+from tito_agents.sinks.harness import free_port
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
 
 pytestmark = pytest.mark.timeout(180)

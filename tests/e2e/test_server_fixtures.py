@@ -9,7 +9,8 @@ import socket
 
 import pytest
 
-from tests.support.e2e_servers import STANDARD, ServerConfig, free_port, paused_alarm
+from tests.support.e2e_servers import STANDARD, ServerConfig, paused_alarm
+from tito_agents.sinks.harness import free_port
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="POSIX interval timers")
 

@@ -13,8 +13,9 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.support.gateway_harness import TOKEN, ServedGateway, echo_responder, free_port
+from tests.support.gateway_harness import TOKEN, ServedGateway, echo_responder
 from tito_agents.sinks import MemorySink
+from tito_agents.sinks.harness import free_port
 from tito_agents.testing.fake_vllm import MODEL_NAME, FakeConfig, FakeVLLMServer
 
 MSG = [{"role": "user", "content": "Say something."}]

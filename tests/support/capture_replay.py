@@ -19,11 +19,14 @@ BASE_URL = "http://vllm.test:8000/v1"
 
 @dataclass
 class Capture:
+    """One recorded exchange: the request a vLLM got and the status and bytes it answered."""
+
     name: str
     path: str
     request: dict[str, Any]
     status: int
     body: bytes
+    method: str = "POST"
 
     @property
     def is_stream(self) -> bool:
@@ -44,10 +47,15 @@ def load_capture(name: str, directory: Path = CAPTURES) -> Capture:
     raw = (directory / f"{name}.txt").read_bytes()
     head, body = raw.split(b"\n\n", 1)
     lines = head.decode().splitlines()
-    path = lines[0].split(" ", 1)[1]
+    method, path = lines[0].split(" ", 1)
     request = json.loads(lines[1].split(" ", 1)[1])
     status = int(lines[2].split(" ", 1)[1])
-    return Capture(name, path, request, status, body)
+    return Capture(name, path, request, status, body, method)
+
+
+def capture_names(directory: Path = CAPTURES) -> list[str]:
+    """The names of the captures in `directory`, sorted."""
+    return sorted(p.stem for p in directory.glob("*.txt"))
 
 
 @dataclass

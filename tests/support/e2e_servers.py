@@ -1,6 +1,6 @@
 """The real CPU vLLM servers of the e2e tier: one per configuration (`ServerConfig`), started once
 per session by `VllmServers` through scripts/vllm_server.py (loaded by path), and the small tools
-their tests share (`free_port`, `environ`, `paused_alarm`). The fixtures that hand them out live in
+their tests share (`environ`, `paused_alarm`). The fixtures that hand them out live in
 tests/e2e/conftest.py; tests import these names from here, never from a conftest."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import contextlib
 import importlib.util
 import os
 import signal
-import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tito_agents.sinks.harness import free_port
 
 _SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_server.py"
 _MODULE_NAME = "tito_vllm_server_script"
@@ -52,13 +53,6 @@ def environ(**values: str) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for a server of our own)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager

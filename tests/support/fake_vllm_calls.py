@@ -1,17 +1,16 @@
-"""Helpers for the fake vLLM tests: calling the pure core, reading SSE, loading and comparing captures."""
+"""Helpers for the fake vLLM tests: calling the pure core, reading SSE, comparing JSON shapes.
+
+The captures the fake is compared with are loaded by `tests.support.capture_replay`."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tito_agents.testing import FakeVLLM
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CAPTURES_DIR = REPO_ROOT / "tests" / "data" / "captures"
 DONE = "[DONE]"
 
 MESSAGES: Any = [
@@ -89,42 +88,6 @@ def stream_token_ids(chunks: list[dict[str, Any]]) -> dict[int, list[int]]:
         for choice in chunk["choices"]:
             ids.setdefault(choice["index"], []).extend(choice.get("token_ids") or [])
     return ids
-
-
-# -- captures ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Capture:
-    name: str
-    method: str
-    path: str
-    request: dict[str, Any]
-    status: int
-    body: bytes
-
-    @property
-    def is_stream(self) -> bool:
-        return self.body.startswith(b"data:") or self.body.startswith(b"event:")
-
-    def events(self) -> list[Any]:
-        return parse_sse(self.body)
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def load_capture(path: Path) -> Capture:
-    head, body = path.read_bytes().split(b"\n\n", 1)
-    lines = head.decode().splitlines()
-    method, target = lines[0].split(" ", 1)
-    request = json.loads(lines[1].split(" ", 1)[1])
-    status = int(lines[2].split(" ", 1)[1])
-    return Capture(path.stem, method, target, request, status, body)
-
-
-def capture_names() -> list[str]:
-    return sorted(p.stem for p in CAPTURES_DIR.glob("*.txt") if p.name != "README.md")
 
 
 # -- structural comparison -----------------------------------------------------------------------

@@ -26,15 +26,10 @@ import uvicorn
 
 import tito_agents as tito
 from tito_agents.gateway import Gateway, GatewayConfig
+from tito_agents.sinks.harness import free_port
 from tito_agents.testing.fake_vllm import FakeVLLM
 
 TOKEN = "control-secret-for-tests"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServedGateway:

@@ -16,14 +16,12 @@ from typing import Any
 
 import pytest
 
+from tests.support.capture_replay import CAPTURES, Capture, capture_names, load_capture
 from tests.support.fake_vllm_calls import (
-    CAPTURES_DIR,
     DONE,
-    Capture,
     call,
-    capture_names,
     compatible,
-    load_capture,
+    parse_sse,
     skeleton,
     stream_token_ids,
 )
@@ -43,7 +41,7 @@ SERVED = [name for name in capture_names() if name not in NOT_SERVED]
 
 def test_every_capture_is_replayed_or_excused() -> None:
     """Every capture file is either replayed below or listed with the reason it is not."""
-    assert CAPTURES_DIR.is_dir(), CAPTURES_DIR
+    assert CAPTURES.is_dir(), CAPTURES
     assert len(SERVED) >= 30
     assert set(NOT_SERVED) <= set(capture_names())
 
@@ -51,7 +49,7 @@ def test_every_capture_is_replayed_or_excused() -> None:
 @pytest.mark.parametrize("name", SERVED)
 def test_capture_structure(name: str, tokenizer: Any) -> None:
     """Replaying the capture's request gives the capture's status and wire structure."""
-    capture = load_capture(CAPTURES_DIR / f"{name}.txt")
+    capture = load_capture(name)
     request = dict(capture.request)
     texts = _said_texts(capture)
     if request.get("stop_token_ids"):
@@ -66,7 +64,7 @@ def test_capture_structure(name: str, tokenizer: Any) -> None:
     assert result.status == capture.status, result.raw[:300]
     if capture.is_stream:
         assert result.events is not None
-        _assert_same_stream_structure(result.events, capture.events())
+        _assert_same_stream_structure(result.events, parse_sse(capture.body))
         _assert_stream_invariants(result.events)
     else:
         assert compatible(skeleton(result.body), skeleton(capture.json())) == []
@@ -86,7 +84,7 @@ def _said_texts(capture: Capture) -> list[str]:
     """Per output index, text that makes the fake end like the capture did."""
     request = capture.request
     if capture.status != 200 or "choices" not in (
-        capture.events()[0] if capture.is_stream else capture.json()
+        parse_sse(capture.body)[0] if capture.is_stream else capture.json()
     ):
         return ["A short answer."]
     outputs = _stream_outputs(capture) if capture.is_stream else _body_outputs(capture)
@@ -126,7 +124,7 @@ def _stream_outputs(capture: Capture) -> list[tuple[str, str, Any]]:
     texts: dict[int, str] = {}
     calls: dict[int, dict[str, str]] = {}
     endings: dict[int, tuple[str, Any]] = {}
-    for event in capture.events():
+    for event in parse_sse(capture.body):
         if event == DONE:
             continue
         for choice in event["choices"]:

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_vllm_calls import DONE, REPO_ROOT, Capture, call, load_capture
+from tests.support.capture_replay import REAL_VLLM, Capture, capture_names, load_capture
+from tests.support.fake_vllm_calls import DONE, call, parse_sse
 from tito_agents.testing import FakeConfig, FakeVLLM
 from tito_agents.testing.smollm2 import MODEL_NAME
 
-REAL_VLLM = REPO_ROOT / "tests" / "data" / "real_vllm"
-NAMES = sorted(p.stem for p in REAL_VLLM.glob("*.txt"))
+NAMES = capture_names(REAL_VLLM)
 ERRORS = {n for n in NAMES if n.startswith("responses_err") or n == "responses_previous_id"}
 """Captures of vLLM's error answers: the fake answers the same status and body."""
 SAME_BODY = {"tokenize_chat", "tokenize_prompt", "multi_turn_tool_tokenize", "detokenize"}
@@ -70,20 +70,22 @@ def test_the_prompt_renders_to_the_real_ids(real_like: FakeVLLM, name: str) -> N
     """Chat with and without tools, a tool-result turn, token prompts, completions on ids,
     Responses requests (instructions, function tools, function_call items and outputs): the
     fake's prompt ids are the real server's."""
-    capture = load_capture(REAL_VLLM / f"{name}.txt")
-    want = prompt_ids(capture.path, capture.events() if capture.is_stream else capture.json())
+    capture = load_capture(name, REAL_VLLM)
+    want = prompt_ids(
+        capture.path, parse_sse(capture.body) if capture.is_stream else capture.json()
+    )
     assert want, name
     assert prompt_ids(capture.path, replay(real_like, capture)) == want
 
 
 @pytest.mark.parametrize("name", sorted(SAME_BODY | ERRORS))
 def test_tokenize_and_detokenize_answer_the_real_body(real_like: FakeVLLM, name: str) -> None:
-    capture = load_capture(REAL_VLLM / f"{name}.txt")
+    capture = load_capture(name, REAL_VLLM)
     assert replay(real_like, capture) == capture.json()
 
 
 def test_models_names_the_real_model(real_like: FakeVLLM) -> None:
-    capture = load_capture(REAL_VLLM / "models.txt")
+    capture = load_capture("models", REAL_VLLM)
     ours, theirs = replay(real_like, capture)["data"][0], capture.json()["data"][0]
     assert ours["id"] == theirs["id"] == MODEL_NAME
     assert ours["max_model_len"] == theirs["max_model_len"] == 4096

@@ -12,17 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_vllm_calls import (
-    REPO_ROOT,
-    Capture,
-    call,
-    compatible,
-    load_capture,
-    skeleton,
-)
+from tests.support.capture_replay import REAL_VLLM, Capture, load_capture
+from tests.support.fake_vllm_calls import call, compatible, parse_sse, skeleton
 from tito_agents.testing import FakeConfig, FakeVLLM, Faults, StreamCut
 
-REAL_VLLM = REPO_ROOT / "tests" / "data" / "real_vllm"
 RESPONSES = "/v1/responses"
 TOOL = {
     "type": "function",
@@ -42,7 +35,7 @@ def real_like(tokenizer: Any) -> FakeVLLM:
 
 
 def _capture(name: str) -> Capture:
-    return load_capture(REAL_VLLM / f"{name}.txt")
+    return load_capture(name, REAL_VLLM)
 
 
 def _final(events: list[Any]) -> dict[str, Any]:
@@ -93,7 +86,7 @@ def test_stream_events_have_the_real_shape(real_like: FakeVLLM, name: str) -> No
     capture = _capture(name)
     ours = call(real_like, RESPONSES, capture.request).events
     assert ours is not None
-    theirs = capture.events()
+    theirs = parse_sse(capture.body)
     real_by_type: dict[str, Any] = {}
     for event in theirs:
         real_by_type.setdefault(event["type"], event)
@@ -205,7 +198,7 @@ def test_stream_logprobs_are_per_text_delta_as_on_vllm_032(real_like: FakeVLLM) 
     logprob entry per text delta: none for the EOS. The fake's does the same, while its body
     has one entry per id."""
     capture = _capture("responses_stream_eos")
-    real = _final(capture.events())
+    real = _final(parse_sse(capture.body))
     real_entries = real["output"][0]["content"][0]["logprobs"]
     assert len(real_entries) == len(real["output_messages"][0]["tokens"]) - 1
     request = {**capture.request, "max_output_tokens": 40}

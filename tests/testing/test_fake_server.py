@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support.fake_vllm_calls import MESSAGES, REPO_ROOT, WEATHER_TOOL
+from tests.support.capture_replay import REPO_ROOT
+from tests.support.fake_vllm_calls import MESSAGES, WEATHER_TOOL
 from tito_agents.testing import FakeVLLMServer
 
 RETURN_IDS = {"return_token_ids": True}

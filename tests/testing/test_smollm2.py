@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_vllm_calls import REPO_ROOT
+from tests.support.capture_replay import REPO_ROOT
 from tito_agents.testing import smollm2
 
 

@@ -7,13 +7,14 @@ where `status` and `stop` only look."""
 from __future__ import annotations
 
 import importlib.util
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tito_agents.sinks.harness import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_server.py"
 PUBLIC = ("prepare", "start", "stop", "status", "describe", "is_ready", "base_url", "port")
@@ -30,12 +31,6 @@ def load() -> ModuleType:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return module
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -387,3 +387,54 @@ def test_marker_shaped_strings_from_the_server_are_only_strings(
     assert choice.error is None
     assert choice.prompt_ids is not None and choice.prompt_ids.tolist() == prompt
     assert choice.sampled_ids is not None and choice.sampled_ids.tolist() == ids
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=15,
+)
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if path:
+        yield path
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for step, child in items:
+        yield from _paths(child, (*path, step))
+
+
+def _set_null(value: Any, path: tuple[Any, ...]) -> None:
+    for step in path[:-1]:
+        value = value[step]
+        if value is None:  # a value on the way was nulled whole
+            return
+    value[path[-1]] = None
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=_JSON, indent=st.sampled_from([None, 1, 4]), data=st.data())
+def test_null_values_nulls_exactly_the_paths_it_is_given(
+    value: Any, indent: int | None, data: Any
+) -> None:
+    """`splice.null_values` on any document, however spaced: the values at the paths given are
+    null, nothing else changed, and a path the body lacks changes nothing."""
+    from tito_agents._capture.wire.splice import null_values
+
+    body = json.dumps(value, indent=indent, ensure_ascii=data.draw(st.booleans())).encode()
+    paths = sorted(_paths(value), key=len)
+    chosen = data.draw(st.lists(st.sampled_from(paths), max_size=3)) if paths else []
+    want = json.loads(body)
+    for path in chosen:
+        _set_null(want, path)
+    got = null_values(body, [*chosen, ("no such key", 7)])
+    assert json.loads(got) == want
+    assert null_values(body, [("no such key",), (99, "x")]) == body

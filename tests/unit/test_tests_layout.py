@@ -1,9 +1,10 @@
-"""The test tree's own rules: every shared helper module lives in `tests/support/`, and no test
-module, conftest included, is imported by another module.
+"""The test tree's own rules: every shared helper module lives in `tests/support/`, a conftest
+holds only fixtures and pytest hooks, and no test module, conftest included, is imported by
+another module.
 
-One home for helpers means a reader looks in one place for what a test calls; a conftest holds
-only fixtures and hooks. A test that imports another test's module also collects its tests twice
-and couples two files that should change alone."""
+One home for helpers means a reader looks in one place for what a test calls. A test that imports
+another test's module also collects its tests twice and couples two files that should change
+alone."""
 
 from __future__ import annotations
 
@@ -51,6 +52,19 @@ def _misplaced_helpers(tests: Path) -> list[Path]:
     ]
 
 
+def _plain_helpers_in_conftest(path: Path) -> list[str]:
+    """Top-level functions and classes of a conftest that are neither fixtures nor pytest hooks."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef):
+            found.append(node.name)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            decorators = [ast.unparse(d) for d in node.decorator_list]
+            if not node.name.startswith("pytest_") and not any("fixture" in d for d in decorators):
+                found.append(node.name)
+    return found
+
+
 def test_no_test_module_imports_another_test_module() -> None:
     offenders = []
     for path in _python_modules(TESTS):
@@ -63,6 +77,29 @@ def test_no_test_module_imports_another_test_module() -> None:
 def test_every_helper_module_lives_in_tests_support() -> None:
     misplaced = [str(path.relative_to(ROOT)) for path in _misplaced_helpers(TESTS)]
     assert not misplaced, "move these helper modules into tests/support/:\n" + "\n".join(misplaced)
+
+
+def test_conftests_hold_only_fixtures_and_hooks() -> None:
+    plain = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in _python_modules(TESTS)
+        if path.name == "conftest.py"
+        for name in _plain_helpers_in_conftest(path)
+    ]
+    assert not plain, "move these helpers into tests/support/:\n" + "\n".join(plain)
+
+
+def test_the_check_sees_a_plain_helper_in_a_conftest(tmp_path: Path) -> None:
+    conftest = tmp_path / "conftest.py"
+    conftest.write_text(
+        "import pytest\n\n"
+        "def pytest_configure(config): ...\n\n"
+        "@pytest.fixture\ndef server(): ...\n\n"
+        "@pytest_asyncio.fixture(scope='session')\nasync def client(): ...\n\n"
+        "def free_port(): ...\n\n"
+        "class Harness: ...\n"
+    )
+    assert _plain_helpers_in_conftest(conftest) == ["free_port", "Harness"]
 
 
 def test_the_check_sees_an_import_of_a_test_module(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 summarises its own history with a separate request whenever it grows, then goes on from
 [system, summary, last tool turn]. Checked against the loop's own record of what it sent and got:
 every completion trained exactly once, the summary calls segments of the agent's one trajectory
-(labelled with `tito.labels(role="summarizer")`, or recognised unlabelled by their quoted ids),
-trained with the episode's reward, and every segment after a summary says so."""
+(labelled with `tito.labels(role="summarizer")` or `"summariser"`, or recognised unlabelled by
+their quoted ids), trained with the episode's reward, and every segment after a summary says so.
+A chat loop quotes its summaries inside a message ("Summary so far: ..."), re-tokenized."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ from tito_agents.samples import SUMMARIZER_ROLE
 from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import (
     FakeConfig,
+    FakeVLLM,
     FakeVLLMServer,
     RequestView,
     default_responder,
     hermes_tool_call,
+    mock_transport,
 )
 from tito_agents.testing.smollm2 import MODEL_NAME
 
@@ -138,3 +141,105 @@ def test_plain_client_summariser_segments(
     assert {sp.call_id.rsplit("/", 1)[0] for sp in spans} == set(completions)  # the same calls
     assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)
     assert_one_linked_trajectory(samples, len(summaries))
+
+
+TOPICS = ("fruit", "colour", "animal", "city", "river", "mountain")
+"""One question per turn: each episode asks for six things, summarising every two turns."""
+
+
+def chat_responder(view: RequestView) -> str:
+    if "Summarise this conversation" in str(view.messages[0].get("content")):
+        named = " and ".join(re.findall(r"Name one (\w+)", view.prompt_text))
+        return f"The user asked me to name one {named}, and each answer was a short sentence."
+    return default_responder(view)
+
+
+SYSTEM = "Answer in one short sentence."
+
+
+def recap(summary: str, where: str) -> list[dict[str, Any]]:
+    """The history that replaces the old one: the summary inside a message, with words around it."""
+    system = {"role": "system", "content": SYSTEM}
+    if where == "system":
+        return [{"role": "system", "content": f"{SYSTEM}\n\nSummary so far: {summary}"}]
+    if where == "user":
+        content = f"Summary so far: {summary}\n\nGo on from there."
+        return [system, {"role": "user", "content": content}]
+    return [system, {"role": "assistant", "content": f"Summary so far: {summary}"}]
+
+
+def run_chat(
+    client: openai.OpenAI, role: str | None, where: str = "assistant"
+) -> tuple[list[str], int]:
+    """A chat loop that summarises every two turns (in a call labelled `role`, when given) and
+    replays the summary inside a message (`recap`); returns its calls and summaries."""
+    system = {"role": "system", "content": SYSTEM}
+    messages: list[dict[str, Any]] = [system]
+    sent: list[str] = []
+    summaries = 0
+    for turn, topic in enumerate(TOPICS):
+        if turn and turn % 2 == 0:
+            transcript = "\n".join(str(m["content"]) for m in messages[1:])
+            with tito.labels(role=role) if role else nullcontext():
+                done = client.chat.completions.create(
+                    model=MODEL_NAME,
+                    messages=[
+                        {"role": "system", "content": "Summarise this conversation."},
+                        {"role": "user", "content": transcript},
+                    ],
+                    max_tokens=64,
+                )
+            sent.append(done.id)
+            summaries += 1
+            messages = recap(str(done.choices[0].message.content), where)
+        messages.append({"role": "user", "content": f"Name one {topic}."})
+        reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=64)
+        sent.append(reply.id)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    return sent, summaries
+
+
+@pytest.mark.parametrize(
+    ("role", "assembly", "where"),
+    [
+        ("summariser", "merged", "assistant"),
+        ("summarizer", "merged", "assistant"),
+        (None, "merged", "assistant"),
+        (None, "merged", "user"),
+        (None, "merged", "system"),
+        ("summariser", "merged", "user"),
+        ("summariser", "per_call", "assistant"),
+        ("summarizer", "per_call", "assistant"),
+    ],
+)
+def test_summary_quoted_inside_a_message_is_recognised(
+    role: str | None, assembly: str, where: str
+) -> None:
+    """The summary comes back re-tokenized inside another message ("Summary so far: ..."), so its
+    sampled ids do not appear verbatim; labelled in either spelling, or unlabelled, every summary
+    is still recognised, and no call is lost or trained twice. Three episodes of eight calls."""
+    fake = FakeVLLM(FakeConfig(responder=chat_responder))
+    http = openai.DefaultHttpxClient(transport=mock_transport(fake))
+    with tito.Collector(assembly=assembly, capture_logprobs=True) as collector:
+        client = collector.wrap(
+            openai.OpenAI(base_url="http://vllm.test/v1", api_key="EMPTY", http_client=http)
+        )
+        runs = []
+        for index in range(3):
+            with collector.episode(f"chat-{index}") as episode, tito.agent("chat"):
+                sent, summaries = run_chat(client, role, where)
+                episode.set_reward(1.0)
+            runs.append((episode, sent, summaries))
+        client.close()
+
+    for episode, sent, summaries in runs:
+        samples = episode.samples
+        spans = [span for s in samples for span in s.spans]
+        assert len(sent) == 8 and summaries == 2
+        assert sorted(sp.call_id.rsplit("/", 1)[0] for sp in spans) == sorted(sent)  # none lost
+        assert len(spans) == len({sp.call_id for sp in spans})  # none twice
+        assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)
+        assert sum(s.is_summary for s in samples) == summaries
+        if assembly == "merged":
+            assert_one_linked_trajectory(samples, summaries)
+            assert [s.rewrite for s in samples].count("summary") == summaries

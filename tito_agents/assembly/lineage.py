@@ -13,18 +13,29 @@ Trajectory
     tree (which segment's history each one rewrote: `Divergence.prev_sample_id`).
 
 Summarising calls
-    A call labelled `role="summarizer"` (`tito_agents.labels(role="summarizer")`, or set by an
-    integration: the LangChain adapter labels `SummarizationMiddleware`'s model call) must run under
-    the same agent as the calls it summarises: it is a segment of that agent's trajectory, trained
-    with the episode's reward like every other segment, and its span's `role` says it is a summary.
-    An unlabelled call is recognised as a summariser when its sampled ids reappear in a later
-    rewritten prompt of the agent (its span's role then says "summarizer" too).
+    A call labelled `role="summarizer"` or `role="summariser"` (`tito_agents.labels(role=...)`, or
+    set by an integration: the LangChain adapter labels `SummarizationMiddleware`'s model call) must
+    run under the same agent as the calls it summarises: it is a segment of that agent's trajectory,
+    trained with the episode's reward like every other segment, and its span's `role` says
+    "summarizer" (`SUMMARIZER_ROLE`, whichever spelling the label used). An unlabelled call is
+    recognised as a summariser when a later rewritten prompt of the agent quotes what it sampled
+    (its span's role then says "summarizer" too).
+
+Quoted summaries
+    A summary comes back inside another message, usually with words around it ("Summary so far:
+    ..."), so the engine re-tokenizes it: the first word takes the prefix's space, the last
+    punctuation merges with what follows, and the end-of-turn id is gone. A quote is therefore
+    the summary's ids less up to `EDGE_IDS` at each end (at least `MIN_SUMMARY_IDS` kept), found in
+    the new prompt; failing that, with a `decode`, its text found in the decoded prompt. The same
+    ids right after the assistant turn's opening are a kept answer, not a quote: an unlabelled
+    summary replayed as a whole assistant message looks like one, so label such a summariser.
+    Recognition only classifies: the training ids are always the ids the engine sampled.
 
 Rewrite kinds (`Sample.rewrite`), first match wins, for a segment that is not a resample, a branch,
 a policy switch or a summarising call itself:
 
-* "summary": a summarising call of the agent ran since the history was last extended (the call
-  labelled so, or one whose sampled ids appear in the new prompt after the rewrite point);
+* "summary": a summarising call of the agent ran since the history was last extended (a call
+  labelled so, or one the new prompt quotes after the rewrite point);
 * "completion_truncated": `DivergenceKind.TRUNCATION`;
 * "reasoning_cleared": `TEMPLATE_RERENDER` and the old history after the rewrite point held a
   reasoning block (`<think>…</think>`, …; needs `decode`);
@@ -34,7 +45,8 @@ a policy switch or a summarising call itself:
 * "message_edited": `HISTORY_REWRITE` or `OTHER` otherwise (a message was changed).
 
 Cost: each test looks at the bounded window the classifier already uses
-(`divergence.TEXT_WINDOW_TOKENS`); finding summary ids in a prompt is a byte search.
+(`divergence.TEXT_WINDOW_TOKENS`); finding summary ids in a prompt is a few byte searches, and the
+text fallback decodes the summary and a bounded window of the prompt.
 """
 
 from __future__ import annotations
@@ -55,6 +67,9 @@ from tito_agents.samples import ROLE_LABEL, SUMMARIZER_ROLE, Sample, trajectory_
 
 __all__ = ["call_role", "contains_ids", "link_segments", "rewrite_kind", "segment_rewrite"]
 
+SUMMARIZER_SPELLINGS = frozenset({SUMMARIZER_ROLE, "summariser"})
+"""Role labels that mark a summarising call (compared case-insensitively); its span says
+`SUMMARIZER_ROLE` whichever was used."""
 _PROBE = 16
 """Ids of the new tail searched for in the old one (prefix truncation)."""
 MIN_KEPT_IDS = 8
@@ -65,13 +80,21 @@ _CANDIDATES = 4
 """Unlabelled summarisers are looked for among this many latest single-call segments (a summary is
 made just before the rewrite that uses it; the bound keeps long episodes linear)."""
 MIN_SUMMARY_IDS = 8
-"""A completion shorter than this is never taken for a summary by its ids alone."""
+"""A completion shorter than this is never taken for a summary by its ids alone, and a quote keeps
+at least this many of its ids."""
+EDGE_IDS = 3
+"""Ids at each end of a summary that its quote inside another message may tokenize differently
+(the first word joined to a prefix's space, the last punctuation merged with what follows, an
+end-of-turn id the options do not name)."""
 
 
 def call_role(call: Call) -> str | None:
-    """The call's role label (`ROLE_LABEL`), when it is a string."""
+    """The call's role label (`ROLE_LABEL`), when it is a string; either spelling of the summariser
+    role (`SUMMARIZER_SPELLINGS`) reads as `SUMMARIZER_ROLE`."""
     role = call.labels.get(ROLE_LABEL) if call.labels else None
-    return role if isinstance(role, str) else None
+    if not isinstance(role, str):
+        return None
+    return SUMMARIZER_ROLE if role.casefold() in SUMMARIZER_SPELLINGS else role
 
 
 def contains_ids(haystack: IdArray, needle: IdArray) -> bool:
@@ -113,6 +136,9 @@ class _Options(Protocol):
     def decode(self) -> Decode | None: ...
 
     @property
+    def special_ids(self) -> frozenset[int]: ...
+
+    @property
     def eos_ids(self) -> frozenset[int]: ...
 
 
@@ -145,9 +171,7 @@ def segment_rewrite(
         reverse=True,
     )
     singles = [seg.calls[0] for seg in recent[:_CANDIDATES]]
-    summarized, inferred = summarizer_before(
-        call, latest.calls[-1], singles, new_tail, options.eos_ids
-    )
+    summarized, inferred = summarizer_before(call, latest.calls[-1], singles, new_tail, options)
     rewrite = rewrite_kind(
         kind, old_tail=old_tail, new_tail=new_tail, summarized=summarized, decode=options.decode
     )
@@ -161,35 +185,119 @@ def segment_rewrite(
 def summarizer_before(
     call: Call,
     recent: Call,
-    candidates: Iterable[Call],
+    candidates: Sequence[Call],
     new_tail: IdArray,
-    eos_ids: frozenset[int],
+    options: _Options,
 ) -> tuple[bool, str | None]:
     """Whether a summarising call ran before `call` rewrote its history, and the id of an
-    unlabelled one recognised by its ids (None when it was labelled, or none ran).
+    unlabelled one recognised by its quote (None when one was labelled, or none ran).
 
     `new_tail` is `call`'s prompt after the rewrite point. `recent` is the agent's call just
     before `call`; `candidates` are the single-call segments
     made since the parent segment's last call (a summariser's own request extends no history),
-    the parent excluded: its last answer may be kept verbatim by a plain truncation."""
+    the parent excluded: its last answer may be kept verbatim by a plain truncation. When
+    `recent` is labelled, the rewrite is a summary wherever the summary went. A candidate that
+    `recent`'s prompt quotes already is a summary the history kept, not this rewrite's."""
     if call_role(call) == SUMMARIZER_ROLE:
         return False, None  # the summarising call itself
     if call_role(recent) == SUMMARIZER_ROLE:
         return True, None
     point = int(call.prompt_ids.shape[0] - new_tail.shape[0])
+    prompt, before = _Prompt(call.prompt_ids, point), _Prompt(recent.prompt_ids, point)
     for candidate in candidates:
-        ids = summary_ids(candidate, eos_ids)
-        n = int(ids.shape[0])
-        # every occurrence that ends after the rewrite point (a quote may straddle it)
-        found_in = call.prompt_ids[max(0, point - n + 1) :]
-        if n < MIN_SUMMARY_IDS or not contains_ids(found_in, ids):
+        quote = summary_quote(prompt, candidate, options)
+        if quote is None:
             continue
-        # Quoted, not replayed: an answer kept in the history follows the header its own prompt
-        # ended with (the assistant turn's opening); a summary sits inside another message.
-        header = candidate.prompt_ids[-_HEADER_IDS:]
-        if not contains_ids(found_in, np.concatenate((header, ids))):
-            return True, candidate.call_id
+        if candidate.call_id != recent.call_id and before.holds(quote, options.decode):
+            continue  # the summary of an earlier rewrite, kept in the history
+        return True, candidate.call_id
     return False, None
+
+
+_Quote = IdArray | str
+"""What a prompt holds of a summary: its ids less some edge ids, or its text."""
+
+
+class _Prompt:
+    """A prompt and the rewrite point around which a quote is looked for as text, decoded (a
+    bounded window) at most once."""
+
+    __slots__ = ("_text", "ids", "point")
+
+    def __init__(self, ids: IdArray, point: int) -> None:
+        self.ids = ids
+        self.point = point
+        self._text: str | None = None
+
+    def after(self, n: int) -> IdArray:
+        """The ids where an `n`-id quote may sit: it ends after the rewrite point (it may straddle
+        it), and the assistant turn's opening before it is included (replays are told by it)."""
+        return self.ids[max(0, self.point - n - _HEADER_IDS + 1) :]
+
+    def text(self, decode: Decode) -> str:
+        """The decoded window where a quote is looked for as text: `TEXT_WINDOW_TOKENS` ids on
+        each side of the rewrite point."""
+        if self._text is None:
+            start = max(0, self.point - TEXT_WINDOW_TOKENS)
+            self._text = decode(self.ids[start : self.point + TEXT_WINDOW_TOKENS].tolist())
+        return self._text
+
+    def holds(self, quote: _Quote, decode: Decode | None) -> bool:
+        """Whether this prompt holds `quote` too."""
+        if not isinstance(quote, str):
+            return contains_ids(self.ids, quote)
+        if decode is None:
+            return False
+        try:
+            return quote in self.text(decode)
+        except Exception:  # a user-supplied decode: diagnostics must not lose the samples
+            return False
+
+
+def summary_quote(prompt: _Prompt, candidate: Call, options: _Options) -> _Quote | None:
+    """What `prompt` quotes of `candidate`'s completion inside a message (module docstring,
+    "Quoted summaries"); None when it quotes none of it, or replays it as an assistant turn."""
+    ids = summary_ids(candidate, options.eos_ids)
+    n = int(ids.shape[0])
+    if n < MIN_SUMMARY_IDS:
+        return None
+    header = candidate.prompt_ids[-_HEADER_IDS:]
+    window = prompt.after(n)
+    for head, tail in _edge_cuts(n):
+        core = ids[head : n - tail]
+        if contains_ids(window, core):
+            # right after the assistant turn's opening it is an answer kept in the history
+            replayed = contains_ids(window, np.concatenate((header, ids[: n - tail])))
+            return None if replayed else core
+    return _text_quote(prompt, ids, header, options)
+
+
+def _edge_cuts(n: int) -> Iterable[tuple[int, int]]:
+    """Ids to drop at the (start, end) of an `n`-id summary, fewest first, keeping at least
+    `MIN_SUMMARY_IDS`."""
+    for total in range(2 * EDGE_IDS + 1):
+        if n - total < MIN_SUMMARY_IDS:
+            return
+        for head in range(max(0, total - EDGE_IDS), min(total, EDGE_IDS) + 1):
+            yield head, total - head
+
+
+def _text_quote(prompt: _Prompt, ids: IdArray, header: IdArray, options: _Options) -> str | None:
+    """`summary_quote` on text, with a `decode`: for a quote whose ids differ inside too (a
+    completion sampled in ids the tokenizer would not choose for its text)."""
+    decode = options.decode
+    if decode is None:
+        return None
+    special = options.special_ids
+    try:
+        summary = decode([i for i in ids.tolist() if i not in special]).strip()
+        window = prompt.text(decode)
+        opening = decode(header.tolist())
+    except Exception:  # a user-supplied decode: diagnostics must not lose the episode's samples
+        return None
+    if not summary or summary not in window or opening + summary in window:
+        return None
+    return summary
 
 
 def rewrite_kind(

@@ -1,5 +1,13 @@
 """Token-level machinery of vLLM's frontend: chat rendering, encoding, byte-exact decoding.
 
+`render_chat_template` is the one chat-template renderer of the package: with a tokenizer it is
+`apply_chat_template(..., tokenize=False)` (the tokenizer's special tokens are template variables,
+exactly as in vLLM's chat endpoint, also for a template given apart from it, as vLLM renders
+`--chat-template FILE`); without one, transformers' own sandboxed Jinja environment renders a bare
+template with placeholder special tokens. `TemplateRenderer` is a template with where it came from
+and what tokenizes it (what `tito-agents audit-template` and `drift` check); `TokenCodec` renders a
+tokenizer's own template through the same function.
+
 Everything here mirrors what vLLM itself does with a Hugging Face fast tokenizer, so the texts and
 ids it gives are those a real vLLM would produce for the same ids. The trainer check rebuilds a
 text pipeline's samples with it; the fake vLLM (`tito_agents.testing.fake_vllm`) serves with it:
@@ -17,13 +25,161 @@ transformers tokenizer on another thread can never collide with the server threa
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
 
+import numpy as np
 import orjson
 
-__all__ = ["TextDecoder", "TokenCodec", "TokenizerLike"]
+from tito_agents.calls import IdArray
+
+__all__ = [
+    "PLACEHOLDER_SPECIAL_TOKENS",
+    "RenderRefused",
+    "TemplateRenderer",
+    "TextDecoder",
+    "TokenCodec",
+    "TokenizerLike",
+    "render_chat_template",
+]
+
+PLACEHOLDER_SPECIAL_TOKENS = {
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "pad_token": "<pad>",
+}
+"""Template variables given to a bare template (no tokenizer): templates read `bos_token` etc."""
+
+
+def render_chat_template(
+    template: str | None,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    *,
+    tokenizer: Any | None = None,
+    add_generation_prompt: bool,
+    continue_final_message: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The prompt text of `messages`, as vLLM's chat endpoint renders it.
+
+    With a `tokenizer`: its `apply_chat_template(..., tokenize=False)`, with `template` (None: the
+    tokenizer's own). Without: the bare `template` through transformers' sandboxed Jinja, with
+    `PLACEHOLDER_SPECIAL_TOKENS`. Whatever the template raises propagates.
+    """
+    kwargs = dict(template_kwargs or {})
+    tool_list = None if tools is None else [dict(t) for t in tools]
+    if tokenizer is not None:
+        if continue_final_message:
+            kwargs["continue_final_message"] = True
+        rendered = tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            tools=tool_list,
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **kwargs,
+        )
+        if not isinstance(rendered, str):
+            raise TypeError(f"rendering returned {type(rendered).__name__}, not text")
+        return rendered
+    if template is None:
+        raise ValueError("a bare render needs a template")
+    return _render_bare(template, messages, tool_list, add_generation_prompt, kwargs)
+
+
+def _render_bare(
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    add_generation_prompt: bool,
+    template_kwargs: Mapping[str, Any],
+) -> str:
+    from transformers.utils import chat_template_utils
+
+    variables = {**PLACEHOLDER_SPECIAL_TOKENS, **template_kwargs}
+    render = getattr(chat_template_utils, "render_jinja_template", None)
+    chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    if render is not None:
+        rendered, _ = render(
+            conversations=[chat],
+            tools=tools,
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            **variables,
+        )
+        text: str = rendered[0]
+        return text
+    compiled = chat_template_utils._compile_jinja_template(template)  # transformers < 4.50
+    text = compiled.render(
+        messages=chat, tools=tools, add_generation_prompt=add_generation_prompt, **variables
+    )
+    return text
+
+
+class RenderRefused(Exception):
+    """The template raised while rendering one conversation (a `raise_exception` refusal or a bug)."""
+
+
+@dataclass(slots=True)
+class TemplateRenderer:
+    """A chat template and what renders and tokenizes it.
+
+    `tokenizer` renders (when `renders_with_tokenizer`: it came with the template, or the template
+    is rendered as vLLM renders `--chat-template FILE` with it) and tokenizes (when given at all);
+    `origin` names where the template came from, for reports.
+    """
+
+    origin: str
+    template: str
+    tokenizer: Any | None = None
+    tokenizer_origin: str | None = None
+    renders_with_tokenizer: bool = False
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def template_sha256(self) -> str:
+        return hashlib.sha256(self.template.encode()).hexdigest()
+
+    @property
+    def token_level(self) -> bool:
+        return self.tokenizer is not None
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> str:
+        """The prompt text of `messages`; `RenderRefused` when the template raises."""
+        try:
+            text = render_chat_template(
+                self.template,
+                messages,
+                tools,
+                tokenizer=self.tokenizer if self.renders_with_tokenizer else None,
+                add_generation_prompt=add_generation_prompt,
+                template_kwargs=self.template_kwargs,
+            )
+        except Exception as exc:  # jinja2 errors, template bugs (TypeError, ...): all refusals
+            raise RenderRefused(_short(exc)) from exc
+        return text
+
+    def encode(self, text: str) -> IdArray:
+        """Text to ids as vLLM's chat endpoint does it: the rendered prompt, no special tokens added."""
+        if self.tokenizer is None:
+            raise ValueError("no tokenizer: text level only")
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int32)
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 class TokenizerLike(Protocol):
@@ -107,15 +263,15 @@ class TokenCodec:
 
     def _render_uncached(self, key: bytes) -> str:
         messages, tools, add_generation_prompt, continue_final_message, kwargs = orjson.loads(key)
-        rendered = self.tokenizer.apply_chat_template(
+        return render_chat_template(
+            None,
             messages,
-            tools=tools,
+            tools,
+            tokenizer=self.tokenizer,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
-            tokenize=False,
-            **kwargs,
+            template_kwargs=kwargs,
         )
-        return str(rendered)
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         """Canonical ids of `text` (what `/tokenize` and prompt rendering give); a fresh list."""

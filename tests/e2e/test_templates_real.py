@@ -32,9 +32,9 @@ from tests.support.e2e_servers import ServerConfig, VllmServers
 from tests.support.real_vllm import MAX_TOL, MEAN_TOL, TOOLS
 from tests.support.rescore_check import constrained, rescore_sample
 from tito_agents.calls import SessionNote
-from tito_agents.cli._audit_cases import AuditCase
-from tito_agents.cli._render import load_renderer
-from tito_agents.cli.audit import audit_template
+from tito_agents.cli._templates import load_renderer
+from tito_agents.cli.audit.cases import AuditCase
+from tito_agents.cli.audit.command import audit_template
 from tito_agents.sessions import FallbackReason
 from tito_agents.testing import captured_samples
 from tito_agents.testing.smollm2 import tokenizer_dir

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from tests.support.cli_samples import TEMPLATES, run_cli, trl_templates
-from tito_agents.cli._audit_cases import (
+from tito_agents.cli._templates import load_renderer
+from tito_agents.cli._term import Painter
+from tito_agents.cli.audit.cases import (
     TOOLS,
     AuditCase,
     all_cases,
@@ -23,11 +25,10 @@ from tito_agents.cli._audit_cases import (
     expected_content,
     head,
 )
-from tito_agents.cli._audit_format import format_report
-from tito_agents.cli._render import PLACEHOLDER_SPECIAL_TOKENS, load_renderer
-from tito_agents.cli._term import Painter
-from tito_agents.cli.audit import AuditReport, CaseResult, audit_template
+from tito_agents.cli.audit.command import AuditReport, CaseResult, audit_template
+from tito_agents.cli.audit.format import format_report
 from tito_agents.testing.smollm2 import TOOLS_TEMPLATE_PATH, load_tokenizer, tokenizer_dir
+from tito_agents.token_codec import PLACEHOLDER_SPECIAL_TOKENS
 
 Predicate = Callable[[AuditCase], bool]
 

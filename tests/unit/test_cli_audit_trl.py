@@ -31,10 +31,11 @@ from typing import Any
 import pytest
 
 from tests.support.cli_samples import trl_templates
-from tito_agents.cli._audit_cases import USER_TEXT, AuditCase, Dialect, conversation, head
-from tito_agents.cli._render import RenderRefused, TemplateRenderer, load_renderer
-from tito_agents.cli.audit import CaseResult, audit_template
+from tito_agents.cli._templates import load_renderer
+from tito_agents.cli.audit.cases import USER_TEXT, AuditCase, Dialect, conversation, head
+from tito_agents.cli.audit.command import CaseResult, audit_template
 from tito_agents.testing.smollm2 import load_tokenizer, tokenizer_dir
+from tito_agents.token_codec import RenderRefused, TemplateRenderer
 
 TRL = trl_templates()
 TOOL_RESULT_CASE = AuditCase(

@@ -121,7 +121,7 @@ def test_show_html_write_failure_leaves_no_partial_page(
     def disk_full(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("tito_agents.cli._paths.os.replace", disk_full)
+    monkeypatch.setattr("tito_agents.cli._files.os.replace", disk_full)
     code, out, err = run_cli(["show", path, "--html", page], capsys)
     assert code == 2 and out == ""
     assert "No space left" in _one_error_line(err, str(page))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.support.cli_samples import merged_episode, run_cli, write_samples
-from tito_agents.cli._layout import CONTEXT, ENV, TRAINED, build_view
+from tito_agents.cli._layout import CONTEXT, ENV, TRAINED, build_layout
 from tito_agents.samples import Sample
 from tito_agents.testing.smollm2 import tokenizer_dir
 
@@ -44,10 +44,10 @@ def test_token_classes_and_rewrite_points() -> None:
     a, b, c, d, _ = samples
     episode = samples[:4]
     for sample in samples:
-        view = build_view(sample, episode)
+        view = build_layout(sample, episode)
         counts = view.counts()
         assert {k: counts[k] for k in _expected_counts(sample)} == _expected_counts(sample)
-    view_a = build_view(a, episode)
+    view_a = build_layout(a, episode)
     assert (
         view_a.classes[10:14].tolist() == [ENV] * 4 and view_a.classes[:6].tolist() == [CONTEXT] * 6
     )
@@ -57,12 +57,12 @@ def test_token_classes_and_rewrite_points() -> None:
         marks["diverged_here"].position == 7
         and marks["diverged_here"].other_sample_id == b.sample_id
     )
-    marks_b = [(m.kind, m.position, m.other_sample_id) for m in build_view(b, episode).markers]
+    marks_b = [(m.kind, m.position, m.other_sample_id) for m in build_layout(b, episode).markers]
     assert ("diverged_from", 7, a.sample_id) in marks_b
     assert ("diverged_here", 11, c.sample_id) in marks_b
-    marks_c = [(m.kind, m.position, m.other_sample_id) for m in build_view(c, episode).markers]
+    marks_c = [(m.kind, m.position, m.other_sample_id) for m in build_layout(c, episode).markers]
     assert ("diverged_from", 11, b.sample_id) in marks_c
-    assert [m.kind for m in build_view(d, episode).markers] == ["end"]  # per-call: no divergence
+    assert [m.kind for m in build_layout(d, episode).markers] == ["end"]  # per-call: no divergence
 
 
 def test_terminal_output_without_colour(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

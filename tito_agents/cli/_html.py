@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from tito_agents.cli._layout import CLASS_NAMES, REWRITE_KINDS, TRAINED, SampleView
+from tito_agents.cli._layout import CLASS_NAMES, REWRITE_KINDS, TRAINED, TokenLayout
 
 __all__ = ["Run", "render_html"]
 
@@ -93,7 +93,7 @@ _JS = """
 
 
 def render_html(
-    view: SampleView, runs: Sequence[Run], *, source: str, ids_only: bool = False
+    view: TokenLayout, runs: Sequence[Run], *, source: str, ids_only: bool = False
 ) -> str:
     """The page for one sample. `runs` cover the tokens in order (`_tokenizers.decode_runs`, or one
     id per token when `ids_only`: then tokens are spaced apart, since ids have no spacing)."""
@@ -146,7 +146,7 @@ def _json_list(names: Sequence[str]) -> str:
     return "[" + ",".join(f'"{n}"' for n in names) + "]"
 
 
-def _logprobs_meta(view: SampleView) -> str:
+def _logprobs_meta(view: TokenLayout) -> str:
     sample = view.sample
     if sample.logprobs is None:
         return "no"
@@ -161,12 +161,12 @@ def _logprobs_meta(view: SampleView) -> str:
     return text
 
 
-def _policy(view: SampleView) -> npt.NDArray[np.float32] | None:
+def _policy(view: TokenLayout) -> npt.NDArray[np.float32] | None:
     """The sample's policy logprobs (None when no span was re-scored)."""
     return view.sample.policy_logprobs
 
 
-def _gaps(view: SampleView) -> npt.NDArray[np.float32]:
+def _gaps(view: TokenLayout) -> npt.NDArray[np.float32]:
     """|rollout - policy| logprob on each trained token (empty without both)."""
     logprobs, policy = view.sample.logprobs, _policy(view)
     if logprobs is None or policy is None:
@@ -218,7 +218,7 @@ _LABELS = {
 }
 
 
-def _spans_table(view: SampleView) -> str:
+def _spans_table(view: TokenLayout) -> str:
     rows = []
     for k, span in enumerate(view.sample.spans):
         reward = "-" if span.reward is None else f"{span.reward:.6g}"
@@ -265,7 +265,7 @@ def _gap_colour(gap: float) -> str:
     return f"rgba(220,38,38,{min(1.0, gap / _GAP_FULL):.3f})"
 
 
-def _token_spans(view: SampleView, runs: Sequence[Run]) -> str:
+def _token_spans(view: TokenLayout, runs: Sequence[Run]) -> str:
     """One `<span class='t CLASS'>` per run (one token, or the tokens of a split character),
     markers inserted before their position."""
     sample = view.sample

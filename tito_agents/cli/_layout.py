@@ -26,8 +26,8 @@ __all__ = [
     "REWRITE_KINDS",
     "TRAINED",
     "Marker",
-    "SampleView",
-    "build_view",
+    "TokenLayout",
+    "build_layout",
 ]
 
 CONTEXT, ENV, TRAINED = 0, 1, 2
@@ -51,7 +51,10 @@ class Marker:
 
 
 @dataclass(frozen=True, slots=True)
-class SampleView:
+class TokenLayout:
+    """A sample's tokens as `show` draws them: each token's class and call, and the markers
+    between tokens (not `tito_agents.samples.SampleView`, which names per-call vs merged)."""
+
     sample: Sample
     classes: npt.NDArray[np.uint8]
     """Per token: CONTEXT, ENV or TRAINED."""
@@ -105,7 +108,7 @@ class SampleView:
         }
 
 
-def build_view(sample: Sample, siblings: Sequence[Sample] = ()) -> SampleView:
+def build_layout(sample: Sample, siblings: Sequence[Sample] = ()) -> TokenLayout:
     """The view of `sample`; `siblings` are the other samples of its episode, in file order."""
     n = sample.num_tokens
     classes = np.zeros(n, dtype=np.uint8)
@@ -115,7 +118,7 @@ def build_view(sample: Sample, siblings: Sequence[Sample] = ()) -> SampleView:
         if k > 0:
             classes[span.context_start : span.start] = ENV
     classes[sample.loss_mask.astype(bool)] = TRAINED
-    return SampleView(sample, classes, call_of, _markers(sample, siblings))
+    return TokenLayout(sample, classes, call_of, _markers(sample, siblings))
 
 
 def _markers(sample: Sample, siblings: Sequence[Sample]) -> list[Marker]:

@@ -16,12 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tito_agents.calls import IdArray
 from tito_agents.cli._errors import CliInputError
 
-__all__ = ["decode_runs", "decode_tokens", "encode_text", "is_gguf", "load_tokenizer"]
+__all__ = ["decode_runs", "decode_tokens", "is_gguf", "load_tokenizer"]
 
 _GGUF_MAGIC = b"GGUF"
 _TOKENIZER_FILES = (
@@ -82,12 +80,6 @@ def _cached_load(transformers: Any, location: str, gguf_file: str | None, stamp:
     with warnings.catch_warnings(), _quiet_transformers():
         warnings.simplefilter("ignore")
         return transformers.AutoTokenizer.from_pretrained(location, **kwargs)
-
-
-def encode_text(tokenizer: Any, text: str) -> IdArray:
-    """Text to ids as vLLM's chat endpoint does it: the rendered prompt, no special tokens added."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return np.asarray(ids, dtype=np.int32)
 
 
 def decode_tokens(tokenizer: Any, ids: Sequence[int] | IdArray) -> list[str]:

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from tito_agents.cli._errors import EXIT_OK, CliInputError
-from tito_agents.cli._paths import user_path, write_output
+from tito_agents.cli._files import user_path, write_output
 from tito_agents.rl.loop_plot import is_loop, loop_lines, render_loop_html
 from tito_agents.trainer_check.plot import render_html
 

@@ -1,8 +1,9 @@
 """The `tito-agents` console command: argument parsing, dispatch, and the one-line error policy.
 
-Subcommands live in their own modules (`audit`, `compare`, `drift`, `serve`, `show`, `stats`),
-each with `add_parser` and `run(args) -> exit code`. Bad input of any kind ends as one line on
-stderr naming the file and the problem, with exit code 2; `--debug` shows the traceback instead.
+Subcommands live in their own modules (`audit.command`, `compare`, `drift.command`, `serve`,
+`show`, `stats`), each with `add_parser` and `run(args) -> exit code`. Bad input of any kind ends
+as one line on stderr naming the file and the problem, with exit code 2; `--debug` shows the
+traceback instead.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import sys
 from collections.abc import Sequence
 
 from tito_agents import __version__
-from tito_agents.cli import audit, compare, drift, serve, show, stats
+from tito_agents.cli import compare, serve, show, stats
 from tito_agents.cli._errors import EXIT_BAD_INPUT, CliInputError
+from tito_agents.cli.audit import command as audit
+from tito_agents.cli.drift import command as drift
 from tito_agents.errors import TitoError
 
 __all__ = ["build_parser", "main"]

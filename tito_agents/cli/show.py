@@ -18,14 +18,14 @@ import orjson
 
 from tito_agents.assembly import sampling_report
 from tito_agents.cli._errors import EXIT_OK, CliInputError
+from tito_agents.cli._files import write_output
 from tito_agents.cli._html import Run, render_html
-from tito_agents.cli._layout import CLASS_NAMES, CONTEXT, ENV, TRAINED, SampleView, build_view
-from tito_agents.cli._paths import write_output
+from tito_agents.cli._input_checks import check_vocabulary
+from tito_agents.cli._layout import CLASS_NAMES, CONTEXT, ENV, TRAINED, TokenLayout, build_layout
 from tito_agents.cli._samples_file import open_samples_file
 from tito_agents.cli._seek import iter_entries
 from tito_agents.cli._term import Painter, color_enabled, table
 from tito_agents.cli._tokenizers import decode_runs, decode_tokens, load_tokenizer
-from tito_agents.cli.drift import check_vocabulary
 from tito_agents.samples import Sample
 from tito_agents.sinks.reading import JSONL, SampleSource
 
@@ -105,7 +105,7 @@ def token_texts(sample: Sample, tokenizer: Any | None) -> list[str]:
     return decode_tokens(tokenizer, sample.token_ids)
 
 
-def html_runs(view: SampleView, tokenizer: Any | None) -> list[Run]:
+def html_runs(view: TokenLayout, tokenizer: Any | None) -> list[Run]:
     """What the page draws: one id per token without a tokenizer; with one, each token's text,
     with a character split across tokens decoded whole on its run (never across a class or call)."""
     sample = view.sample
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     html = None
     if tokenizer is not None:
         check_vocabulary([target], len(tokenizer))
-    view = build_view(target, episode)
+    view = build_layout(target, episode)
     texts = token_texts(target, tokenizer)
     if args.html:
         runs = html_runs(view, tokenizer)
@@ -227,7 +227,7 @@ def _header_data(sample: Sample) -> dict[str, Any]:
     }
 
 
-def format_sample(view: SampleView, texts: list[str], paint: Painter) -> str:
+def format_sample(view: TokenLayout, texts: list[str], paint: Painter) -> str:
     """Header, spans table, legend, then the tokens with markers inline, then the markers listed."""
     sample = view.sample
     counts = view.counts()
@@ -314,7 +314,7 @@ def _constraint(span: Any) -> str:
     return f"{kind} ({source or 'no logprobs'}{'; ' + error if error else ''})"
 
 
-def _constrained_lines(view: SampleView) -> list[str]:
+def _constrained_lines(view: TokenLayout) -> list[str]:
     """A warning line when some trained tokens were sampled under a constraint."""
     n = view.counts()["constrained"]
     if not n:
@@ -335,7 +335,7 @@ def _legend(paint: Painter) -> list[str]:
     return [_paint_token(paint, f" {names[c]} ", c, 0) for c in (CONTEXT, ENV, TRAINED)]
 
 
-def _tokens(view: SampleView, texts: list[str], paint: Painter) -> str:
+def _tokens(view: TokenLayout, texts: list[str], paint: Painter) -> str:
     markers_at: dict[int, list[str]] = {}
     for marker in view.markers:
         markers_at.setdefault(marker.position, []).append(marker.reason)

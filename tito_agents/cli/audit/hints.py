@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tito_agents.cli._audit_cases import (
+from tito_agents.cli.audit.cases import (
     APPENDED_TEXT,
     ASSISTANT_TEXT,
     FINAL_TEXT,

@@ -1,7 +1,7 @@
 """`tito-agents audit-template`: does a chat template let multi-turn samples merge?
 
 Merging needs prefix preservation: each call's prompt must start with the previous call's prompt and
-sampled ids. For every case in `_audit_cases` the template renders an earlier and a later conversation
+sampled ids. For every case in `cases` the template renders an earlier and a later conversation
 and the later rendering must extend the earlier one, text for text (a cheap first pass, no tokenizer
 needed) and then token for token (with a tokenizer: encoded as vLLM encodes a chat prompt). A failed
 case reports the first diverging position with the text or decoded tokens around it, and a fix hint
@@ -14,16 +14,18 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from tito_agents.assembly.divergence import common_prefix_len
-from tito_agents.cli._audit_cases import (
-    REASONING_TEXT,
+from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
+from tito_agents.cli._input_checks import TemplateProbe, probe_template
+from tito_agents.cli._templates import load_renderer
+from tito_agents.cli._term import Painter, color_enabled
+from tito_agents.cli._tokenizers import decode_tokens
+from tito_agents.cli.audit.cases import (
     TOOLS,
-    USER_TEXT,
     AuditCase,
     Dialect,
     all_cases,
@@ -32,21 +34,17 @@ from tito_agents.cli._audit_cases import (
     expected_content,
     head,
 )
-from tito_agents.cli._audit_format import format_report
-from tito_agents.cli._audit_hints import Mismatch, content_hint, find_hint, marker_start
-from tito_agents.cli._audit_report import AuditReport, CaseResult
-from tito_agents.cli._audit_tokens import missing_tokens
-from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
-from tito_agents.cli._render import RenderRefused, TemplateRenderer, load_renderer
-from tito_agents.cli._term import Painter, color_enabled
-from tito_agents.cli._tokenizers import decode_tokens
+from tito_agents.cli.audit.format import format_report
+from tito_agents.cli.audit.hints import Mismatch, content_hint, find_hint, marker_start
+from tito_agents.cli.audit.report import AuditReport, CaseResult
+from tito_agents.cli.audit.tokens import missing_tokens
+from tito_agents.token_codec import RenderRefused, TemplateRenderer
 
 __all__ = [
     "AuditReport",
     "CaseResult",
     "add_parser",
     "audit_template",
-    "check_chat_template",
     "run",
 ]
 
@@ -62,7 +60,7 @@ def audit_template(
     `CliInputError` when the template cannot render a basic chat, or renders it without the
     conversation in it (an empty shell, or a file that is not a chat template at all).
     """
-    probe = _probe(renderer)
+    probe = probe_template(renderer)
     results: list[CaseResult] = []
     preferred: Dialect | None = None
     seen: list[str] = []
@@ -82,63 +80,11 @@ def audit_template(
     )
 
 
-def check_chat_template(renderer: TemplateRenderer) -> None:
-    """`CliInputError` unless the renderer's template renders a basic chat with the user's text
-    in it: a file that is not a chat template (an HTML page, a README) compiles as Jinja, so
-    compiling proves nothing."""
-    _probe(renderer)
-
-
-@dataclass(frozen=True, slots=True)
-class _Probe:
-    """What the template does with a basic chat, found once before the cases run."""
-
-    renders_reasoning: bool
-    """Whether any dialect renders `reasoning_content` of a final assistant turn at all."""
-
-
-def _probe(renderer: TemplateRenderer) -> _Probe:
-    """Render a user question and a plain answer (with and without reasoning) in each dialect.
-
-    `CliInputError` when no dialect renders it (the template cannot render a basic chat), or when
-    some do but none shows the user's text (the template renders no conversation).
-    """
-    rendered_any = shows_conversation = reasoning = False
-    first_error: str | None = None
-    for with_reasoning in (False, True):
-        case = AuditCase("generation", tool_calls=False, reasoning=with_reasoning, tools=False)
-        for dialect in dialects():
-            _, messages = conversation(case, dialect)
-            try:
-                text = renderer.render(messages, tools=None, add_generation_prompt=False)
-            except RenderRefused as exc:
-                first_error = first_error or str(exc)
-                continue
-            rendered_any = True
-            shows_conversation = shows_conversation or USER_TEXT in text
-            reasoning = reasoning or (with_reasoning and REASONING_TEXT in text)
-    if not rendered_any:
-        raise CliInputError(renderer.origin, f"template fails to render: {first_error}")
-    if not shows_conversation:
-        raise CliInputError(renderer.origin, _no_conversation(renderer))
-    return _Probe(reasoning)
-
-
-def _no_conversation(renderer: TemplateRenderer) -> str:
-    text = renderer.template.lstrip()
-    what = "renders no conversation: the messages' text is not in its output"
-    if text.startswith("{") and '"chat_template"' in text:
-        return f"{what} (a tokenizer config? give its folder instead)"
-    if "messages" not in renderer.template:
-        return f"{what} (it never reads `messages`: is this a chat template?)"
-    return f"{what} (is this a chat template?)"
-
-
 def _run_case(
     renderer: TemplateRenderer,
     case: AuditCase,
     preferred: Dialect | None,
-    probe: _Probe,
+    probe: TemplateProbe,
     seen: list[str],
 ) -> tuple[CaseResult, Dialect | None]:
     """Render the case in the first dialect whose renderings show its content and compare them.

@@ -1,13 +1,13 @@
 """The audit's results as data: one `CaseResult` per case, an `AuditReport` per template (what
-`audit_template` returns, `_audit_format` prints and `--json` writes)."""
+`audit_template` returns, `format` prints and `--json` writes)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tito_agents.cli._audit_cases import AuditCase, Dialect
-from tito_agents.cli._audit_hints import Hint
+from tito_agents.cli.audit.cases import AuditCase, Dialect
+from tito_agents.cli.audit.hints import Hint
 
 __all__ = ["AuditReport", "CaseResult", "Verdict"]
 

@@ -30,26 +30,21 @@ import orjson
 from tito_agents.assembly import sampling_report
 from tito_agents.assembly.divergence import common_prefix_len, normalize_template_text
 from tito_agents.calls import IdArray
-from tito_agents.cli._drift_format import format_drift
-from tito_agents.cli._drift_report import EXAMPLES, DriftReport, EpisodeDrift, SampleDrift
 from tito_agents.cli._errors import EXIT_FINDINGS, EXIT_OK, CliInputError
+from tito_agents.cli._input_checks import check_chat_template, check_vocabulary
 from tito_agents.cli._progress import Progress, progress_enabled
-from tito_agents.cli._render import (
-    RenderRefused,
-    TemplateRenderer,
-    check_compiles,
-    load_renderer,
-)
 from tito_agents.cli._samples_file import open_samples_file
+from tito_agents.cli._templates import check_compiles, load_renderer
 from tito_agents.cli._tokenizers import load_tokenizer
-from tito_agents.cli.audit import check_chat_template
+from tito_agents.cli.drift.format import format_drift
+from tito_agents.cli.drift.report import EXAMPLES, DriftReport, EpisodeDrift, SampleDrift
 from tito_agents.samples import Sample
+from tito_agents.token_codec import RenderRefused, TemplateRenderer
 
 __all__ = [
     "DriftReport",
     "add_parser",
     "captured_requests",
-    "check_vocabulary",
     "measure_drift",
     "run",
 ]
@@ -107,17 +102,6 @@ def measure_drift(
                 progress.advance(sample.num_tokens)
     episodes.finish()
     return report
-
-
-def check_vocabulary(samples: Iterable[Sample], vocabulary: int) -> None:
-    """Refuse ids the tokenizer does not know (it would decode them to nothing): wrong tokenizer."""
-    for sample in samples:
-        if sample.num_tokens and int(sample.token_ids.max()) >= vocabulary:
-            raise CliInputError(
-                None,
-                f"sample {sample.sample_id} holds id {int(sample.token_ids.max())}, beyond the "
-                f"tokenizer's {vocabulary:,} ids: is --tokenizer the model's tokenizer?",
-            )
 
 
 def _batches(samples: Iterable[Sample], size: int) -> Iterator[list[Sample]]:

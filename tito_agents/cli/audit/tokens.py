@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from tito_agents.cli._render import TemplateRenderer
+from tito_agents.token_codec import TemplateRenderer
 
 __all__ = ["MARKER", "missing_tokens", "template_markers"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tito_agents.cli._audit_report import AuditReport, CaseResult
 from tito_agents.cli._term import Painter
+from tito_agents.cli.audit.report import AuditReport, CaseResult
 
 __all__ = ["format_report"]
 

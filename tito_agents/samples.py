@@ -81,8 +81,7 @@ class CallSpan:
     """Why a span could not be re-scored."""
     sampling: SamplingParams | None = None
     """How the engine sampled the span's tokens (temperature, top-p/k, min-p, penalties, logit
-    bias, seed; `tito_agents.sampling`); None in files written before it was recorded, or when
-    the request's values could not be read."""
+    bias, seed; `tito_agents.sampling`); None when the request's values could not be read."""
     sampling_source: str | None = None
     """Where `sampling` came from: "request", "request+server_defaults" or "declared"."""
     logprobs_mode: str | None = None

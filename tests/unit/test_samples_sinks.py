@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 import tito_agents as tito
-from tests import factories
+from tests.support import call_factory
 from tito_agents.assembly import EpisodeContext, assemble_per_call
 from tito_agents.calls import Call, CallStatus
 from tito_agents.sinks.jsonl import encode_sample
 
 
 def numbered_call(i: int, prompt: list[int], sampled: list[int], *, lp: bool = True) -> Call:
-    return factories.make_call(
+    return call_factory.make_call(
         f"resp{i}/0", prompt, sampled, logprob=-0.5 if lp else None, seq=i, ended_at=1.0
     )
 

@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
-from tests import factories
+from tests.support import call_factory
 from tests.support.cli_samples import run_cli
 from tito_agents.assembly import AssemblyOptions, EpisodeContext, assemble, sampling_report
 from tito_agents.convert import (
@@ -115,7 +115,7 @@ def test_probe_answers_tell_the_logprobs_mode() -> None:
 
 def _calls(server: ServerSampling | None = None) -> list[Any]:
     return [
-        factories.make_call(
+        call_factory.make_call(
             "r0/0",
             [1, 2],
             [3, 4],
@@ -125,7 +125,7 @@ def _calls(server: ServerSampling | None = None) -> list[Any]:
             sampling={"temperature": 0.7, "top_p": 0.9},
             server_sampling=server,
         ),
-        factories.make_call(
+        call_factory.make_call(
             "r1/0", [1, 2, 3, 4, 5], [6], logprob=-0.5, seq=1, agent="a", server_sampling=server
         ),
     ]

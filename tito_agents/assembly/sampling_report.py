@@ -77,7 +77,7 @@ class SamplingCounts:
 
     spans: int = 0
     unknown: int = 0
-    """Spans that do not say how they were sampled (files written before it was recorded)."""
+    """Spans that do not say how they were sampled (`CallSpan.sampling` is None)."""
     tempered: int = 0
     truncated: int = 0
     reshaped: int = 0
@@ -91,7 +91,7 @@ class SamplingCounts:
     def add(self, spans: Iterable[CallSpan]) -> None:
         for span in spans:
             self.spans += 1
-            sampling = getattr(span, "sampling", None)
+            sampling = span.sampling
             if sampling is None:
                 self.unknown += 1
                 continue

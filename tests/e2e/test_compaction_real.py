@@ -18,7 +18,11 @@ from langchain_openai import ChatOpenAI
 from tito_agents_langchain import TitoCallbackHandler, wrap
 
 import tito_agents as tito
-from tests.support.compaction_checks import assert_one_linked_trajectory
+from tests.support.compaction_chat import run_chat
+from tests.support.compaction_checks import (
+    assert_each_call_trained_once,
+    assert_one_linked_trajectory,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -130,6 +134,31 @@ def test_plain_client_summariser_on_real_vllm(vllm_base_url: str, vllm_model: st
     assert len(spans) == len(sent) == len({sp.call_id for sp in spans})
     assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)
     assert_one_linked_trajectory(samples, summaries)
+
+
+def test_summary_quoted_with_a_prefix_on_real_vllm(vllm_base_url: str, vllm_model: str) -> None:
+    """A plain-client chat loop labelling its summariser `role="summariser"` (British spelling)
+    and quoting each summary in the next prompt as an assistant message "Summary so far: ...",
+    which vLLM re-tokenizes: three episodes of eight calls (two summaries each). Every summary is
+    recognised (the summariser's segment `is_summary`, the next one `rewrite == "summary"`), no
+    call is lost or trained twice, the segments are linked. 24 short generations."""
+    import openai
+
+    with tito.Collector(assembly="merged", capture_logprobs=True) as collector:
+        client = collector.wrap(openai.OpenAI(base_url=vllm_base_url, api_key="EMPTY"))
+        runs = []
+        for index in range(3):
+            with collector.episode(f"e2e-quoted-{index}") as episode, tito.agent("chat"):
+                sent, summaries = run_chat(client, vllm_model, "summariser", max_tokens=24)
+                episode.set_reward(1.0)
+            runs.append((episode.samples, sent, summaries))
+        client.close()
+
+    for samples, sent, summaries in runs:
+        assert len(sent) == 8 and summaries == 2
+        assert_each_call_trained_once(samples, sent)
+        assert_one_linked_trajectory(samples, summaries)
+        assert [s.rewrite for s in samples].count("summary") == summaries
 
 
 async def test_agents_sdk_input_filter_summariser_on_real_vllm(

@@ -18,7 +18,11 @@ import openai
 import pytest
 
 import tito_agents as tito
-from tests.support.compaction_checks import assert_one_linked_trajectory
+from tests.support.compaction_chat import SUMMARISE, run_chat
+from tests.support.compaction_checks import (
+    assert_each_call_trained_once,
+    assert_one_linked_trajectory,
+)
 from tito_agents.samples import SUMMARIZER_ROLE
 from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import (
@@ -143,60 +147,11 @@ def test_plain_client_summariser_segments(
     assert_one_linked_trajectory(samples, len(summaries))
 
 
-TOPICS = ("fruit", "colour", "animal", "city", "river", "mountain")
-"""One question per turn: each episode asks for six things, summarising every two turns."""
-
-
 def chat_responder(view: RequestView) -> str:
-    if "Summarise this conversation" in str(view.messages[0].get("content")):
+    if view.messages and view.messages[0].get("content") == SUMMARISE:
         named = " and ".join(re.findall(r"Name one (\w+)", view.prompt_text))
         return f"The user asked me to name one {named}, and each answer was a short sentence."
     return default_responder(view)
-
-
-SYSTEM = "Answer in one short sentence."
-
-
-def recap(summary: str, where: str) -> list[dict[str, Any]]:
-    """The history that replaces the old one: the summary inside a message, with words around it."""
-    system = {"role": "system", "content": SYSTEM}
-    if where == "system":
-        return [{"role": "system", "content": f"{SYSTEM}\n\nSummary so far: {summary}"}]
-    if where == "user":
-        content = f"Summary so far: {summary}\n\nGo on from there."
-        return [system, {"role": "user", "content": content}]
-    return [system, {"role": "assistant", "content": f"Summary so far: {summary}"}]
-
-
-def run_chat(
-    client: openai.OpenAI, role: str | None, where: str = "assistant"
-) -> tuple[list[str], int]:
-    """A chat loop that summarises every two turns (in a call labelled `role`, when given) and
-    replays the summary inside a message (`recap`); returns its calls and summaries."""
-    system = {"role": "system", "content": SYSTEM}
-    messages: list[dict[str, Any]] = [system]
-    sent: list[str] = []
-    summaries = 0
-    for turn, topic in enumerate(TOPICS):
-        if turn and turn % 2 == 0:
-            transcript = "\n".join(str(m["content"]) for m in messages[1:])
-            with tito.labels(role=role) if role else nullcontext():
-                done = client.chat.completions.create(
-                    model=MODEL_NAME,
-                    messages=[
-                        {"role": "system", "content": "Summarise this conversation."},
-                        {"role": "user", "content": transcript},
-                    ],
-                    max_tokens=64,
-                )
-            sent.append(done.id)
-            summaries += 1
-            messages = recap(str(done.choices[0].message.content), where)
-        messages.append({"role": "user", "content": f"Name one {topic}."})
-        reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=64)
-        sent.append(reply.id)
-        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
-    return sent, summaries
 
 
 @pytest.mark.parametrize(
@@ -227,18 +182,15 @@ def test_summary_quoted_inside_a_message_is_recognised(
         runs = []
         for index in range(3):
             with collector.episode(f"chat-{index}") as episode, tito.agent("chat"):
-                sent, summaries = run_chat(client, role, where)
+                sent, summaries = run_chat(client, MODEL_NAME, role, where)
                 episode.set_reward(1.0)
             runs.append((episode, sent, summaries))
         client.close()
 
     for episode, sent, summaries in runs:
         samples = episode.samples
-        spans = [span for s in samples for span in s.spans]
         assert len(sent) == 8 and summaries == 2
-        assert sorted(sp.call_id.rsplit("/", 1)[0] for sp in spans) == sorted(sent)  # none lost
-        assert len(spans) == len({sp.call_id for sp in spans})  # none twice
-        assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)
+        assert_each_call_trained_once(samples, sent)
         assert sum(s.is_summary for s in samples) == summaries
         if assembly == "merged":
             assert_one_linked_trajectory(samples, summaries)

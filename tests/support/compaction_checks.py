@@ -1,7 +1,7 @@
 """What every compaction pattern's samples must show, on the fake and the real vLLM: one linked
 trajectory (one id, segments numbered and chained), the summary calls trained as segments of it,
 each followed by a segment started by the summary, the episode's reward on every segment, and one
-GRPO advantage for the whole trajectory."""
+GRPO advantage for the whole trajectory; and every call the agent made trained exactly once."""
 
 from __future__ import annotations
 
@@ -22,3 +22,11 @@ def assert_one_linked_trajectory(samples: Sequence[Sample], summaries: int) -> N
             assert after.rewrite == "summary" and not after.is_summary
     assert all(s.reward == 1.0 for s in samples)
     assert len(set(group_advantages(list(samples), unit="trajectory").tolist())) == 1
+
+
+def assert_each_call_trained_once(samples: Sequence[Sample], sent: Sequence[str]) -> None:
+    """Every call the agent made (its response ids) is in exactly one span: none lost, none twice."""
+    spans = [span for s in samples for span in s.spans]
+    assert sorted(sp.call_id.rsplit("/", 1)[0] for sp in spans) == sorted(sent)
+    assert len(spans) == len({sp.call_id for sp in spans})
+    assert sum(s.num_trained for s in samples) == sum(sp.end - sp.start for sp in spans)

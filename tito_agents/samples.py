@@ -139,7 +139,7 @@ class CallSpan:
 
 @dataclass(slots=True)
 class Sample:
-    """One training sequence. Field names are part of the public schema (README, "Sample schema")."""
+    """One training sequence. Field names are part of the public schema (docs/samples.md)."""
 
     sample_id: str
     episode_id: str

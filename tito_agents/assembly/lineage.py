@@ -65,7 +65,14 @@ from tito_agents.assembly.divergence import (
 from tito_agents.calls import Call, IdArray
 from tito_agents.samples import ROLE_LABEL, SUMMARIZER_ROLE, Sample, trajectory_id_for
 
-__all__ = ["call_role", "contains_ids", "link_segments", "rewrite_kind", "segment_rewrite"]
+__all__ = [
+    "SUMMARIZER_SPELLINGS",
+    "call_role",
+    "contains_ids",
+    "link_segments",
+    "rewrite_kind",
+    "segment_rewrite",
+]
 
 SUMMARIZER_SPELLINGS = frozenset({SUMMARIZER_ROLE, "summariser"})
 """Role labels that mark a summarising call (compared case-insensitively); its span says

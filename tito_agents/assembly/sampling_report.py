@@ -167,7 +167,9 @@ def describe(counts: dict[str, Any]) -> list[str]:
             "(the server's --logprobs-mode was not recorded)"
         )
     if unknown:
-        lines.append(f"  {unknown:,} spans do not say how they were sampled (not recorded in this file)")
+        lines.append(
+            f"  {unknown:,} spans do not say how they were sampled (not recorded in this file)"
+        )
     return lines
 
 

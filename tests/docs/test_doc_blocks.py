@@ -48,6 +48,7 @@ Shell blocks are not run here: the install lines are checked by tests/install.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -264,7 +265,13 @@ def test_block_runs_as_written(
         pytest.skip(f"{block.where}: {block.skip}")
     if block.fragment is not None:
         # a fragment is never run; it must still be Python a reader can paste into a program
-        compile("\n" * block.line + block.code, str(block.path), "exec")
+        # (`await` at its top level: many are the body of an async function)
+        compile(
+            "\n" * block.line + block.code,
+            str(block.path),
+            "exec",
+            flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
+        )
         return
     if any(piece.skip for piece in block.chain()):
         pytest.skip(f"{block.where}: continues a block marked skip")

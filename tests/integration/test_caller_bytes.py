@@ -128,8 +128,19 @@ def both(
     with wrapped, collector.episode() as ep:
         got = wrapped.post(url, content=body, headers=headers)
     assert want.status_code == got.status_code == 200, got.text
-    assert [call.status for call in ep.calls] == [tito.CallStatus.COMPLETE]
+    # a value beyond what a double holds (1E400) is no strict JSON: capture sends such a
+    # request as written, uncaptured
+    captured = [tito.CallStatus.COMPLETE] if _strict_json(raw) else []
+    assert [call.status for call in ep.calls] == captured
     return want.content, got.content
+
+
+def _strict_json(raw: bytes) -> bool:
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("logprobs", [False, True], ids=["ids", "ids+logprobs"])

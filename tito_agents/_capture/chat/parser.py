@@ -243,6 +243,9 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         segments = self._segments
         if segments is None:
             return null_values(self._body, paths)
+        nulled = segments.nulled_at(payload, paths)
+        if nulled is not None:  # each added field is a cut-out array (or wraps one): no walk
+            return segments.join(nulled)
         return segments.restore(null_values(segments.skeleton, paths))
 
     def _parse_body_choice(self, raw: Any, top_prompt: IdArray | None) -> ParsedChoice:

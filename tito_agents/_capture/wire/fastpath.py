@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from tito_agents._capture.wire.splice import Path
 from tito_agents.calls import IdArray
 from tito_agents.errors import (
     MalformedResponseError,
@@ -27,6 +28,8 @@ class _FallBack(Exception):
 _ID_KEY = b'token_ids":['
 _CONTENT_KEY = b'"logprobs":{"content":['
 _CONTENT_END = b']},"finish_reason":'
+_WRAP_OPEN = b'{"content":'
+"""What stands before the entries of a chat logprobs object cut out of a body."""
 _MARK = "\x00tito:"
 _NUL = b"\\u0000"
 """How NUL, which starts every marker, appears in JSON text (a raw NUL byte is invalid JSON)."""
@@ -164,6 +167,49 @@ class _BodySegments:
             # starts with `_MARK` is a marker this split put exactly where its array was cut out.
             return None
         return cls(pieces, raw)
+
+    def nulled_at(self, payload: Any, paths: list[Path]) -> set[int] | None:
+        """The cut-out arrays that are the whole value at each of `paths` in `payload` (the parsed
+        skeleton; a chat `logprobs` object, `{"content": [...]}`, counts as its entries' array),
+        for `join`; None when a value there is anything else (not null), which then takes the
+        general path (`restore`)."""
+        nulled: set[int] = set()
+        for path in paths:
+            value = payload
+            for step in path:
+                value = value[step]
+            if value is None:
+                continue
+            wrapped = type(value) is dict and len(value) == 1 and "content" in value
+            index = self.index_of(value["content"] if wrapped else value)
+            if index is None or self._wrapped(index) is not wrapped:
+                return None
+            nulled.add(index)
+        return nulled
+
+    def _wrapped(self, i: int) -> bool:
+        """Whether cut-out array `i` is the entries of a chat `logprobs` object: the whole object
+        stands around it in the body, `{"content":` before and `}` after."""
+        return self._pieces[i].endswith(_WRAP_OPEN) and self._pieces[i + 1][:1] == b"}"
+
+    def join(self, nulled: set[int]) -> bytes:
+        """The body again, byte for byte, except that the cut-out arrays `nulled` are `null` (the
+        whole logprobs object around one that is a chat logprobs' entries)."""
+        pieces, raw = self._pieces, self._raw
+        parts: list[bytes | memoryview] = []
+        piece = pieces[0]
+        for i, segment in enumerate(raw):
+            after = pieces[i + 1]
+            if i not in nulled:
+                parts += (piece, b"[", segment, b"]")
+            elif self._wrapped(i):
+                parts += (piece[: -len(_WRAP_OPEN)], b"null")
+                after = after[1:]
+            else:
+                parts += (piece, b"null")
+            piece = after
+        parts.append(piece)
+        return b"".join(parts)
 
     def restore(self, edited: bytes) -> bytes:
         """`edited` (the skeleton with some values spliced to null) with every marker still in it

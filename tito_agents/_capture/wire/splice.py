@@ -117,31 +117,45 @@ Path = tuple[str | int, ...]
 """Where a value sits in a JSON document: object keys and list indices, from the top."""
 
 _LEAF: Any = object()
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
-_STRING_OR_BRACKET = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)
-_SCALAR_END = re.compile(rb"[,}\]\s]|$")
 _SPACE = re.compile(rb"[ \t\r\n]*")
+# strings as `"[^"\\]*(?:\\.[^"\\]*)*"`: runs of plain characters in one step (an alternation
+# per character is several times slower on a long text)
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_STRING_OR_BRACKET = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]]', re.S)
+_SCALAR_END = re.compile(rb"[,}\] \t\r\n]|$")
+_KEY = re.compile(rb'"([^"\\]*(?:\\.[^"\\]*)*)"[ \t\r\n]*:[ \t\r\n]*', re.S)
+"""A member's key and colon (the key's raw text in group 1), up to its value."""
+_AFTER = re.compile(rb"[ \t\r\n]*(?:,[ \t\r\n]*)?")
+"""What follows a value up to the next member or element (or the closing bracket)."""
+_SCALAR_AND_AFTER = re.compile(
+    rb'(?:"[^"\\]*(?:\\.[^"\\]*)*"|[^ \t\r\n,\]}"\[{]+)[ \t\r\n]*(?:,[ \t\r\n]*)?', re.S
+)
+"""A string, number, true, false or null value and what follows it: a member not on a path is
+passed in one match."""
 
 
 def null_values(body: bytes, paths: Iterable[Path]) -> bytes:
     """`body` (valid JSON) with the value at each of `paths` replaced by `null`, every other byte
     kept; a path the body does not hold is skipped. A duplicated key has each of its values
-    nulled. Only the containers on a path are walked member by member: any other value is jumped
-    over at the speed of a regular-expression search (a long id array is one match)."""
+    nulled. Only the containers on a path are walked member by member (a member off the path in
+    one regular-expression match); any other container is jumped over at the speed of a search
+    for its strings and brackets (a long id array is one match)."""
     tree: dict[Any, Any] = {}
     for path in paths:
         node = tree
-        for step in path[:-1]:
+        steps = [step.encode() if isinstance(step, str) else step for step in path]
+        for step in steps[:-1]:
             child = node.setdefault(step, {})
             if child is _LEAF:
                 break
             node = child
         else:
-            node[path[-1]] = _LEAF
-    if not tree:
+            node[steps[-1]] = _LEAF
+    start = _SPACE.match(body).end()  # type: ignore[union-attr]
+    if not tree or body[start] not in b"{[":
         return body
     spans: list[tuple[int, int]] = []
-    _walk(body, _SPACE.match(body, 0).end(), tree, spans)  # type: ignore[union-attr]
+    _walk(body, start, tree, spans)
     out: list[bytes] = []
     pos = 0
     for start, end in sorted(spans):
@@ -152,34 +166,34 @@ def null_values(body: bytes, paths: Iterable[Path]) -> bytes:
 
 
 def _walk(body: bytes, pos: int, node: dict[Any, Any], spans: list[tuple[int, int]]) -> int:
-    """The end of the value at `pos`; the spans of the values `node` names in it are noted."""
-    opener = body[pos]
-    if opener not in b"{[":
-        return _skip(body, pos)
-    is_object = opener == 0x7B  # "{"
+    """The end of the container at `pos`; the spans of the values `node` names in it are noted
+    (`node`: keys as raw UTF-8 bytes, list indices as ints)."""
+    is_object = body[pos] == 0x7B  # "{"
     pos = _SPACE.match(body, pos + 1).end()  # type: ignore[union-attr]
     index = 0
     while body[pos] not in b"}]":
+        step: Any
         if is_object:
-            key_match = _STRING.match(body, pos)
-            assert key_match is not None
-            raw = key_match.group()
-            step: Any = orjson.loads(raw) if b"\\" in raw else raw[1:-1].decode()
-            colon = _SPACE.match(body, key_match.end()).end()  # type: ignore[union-attr]
-            pos = _SPACE.match(body, colon + 1).end()  # type: ignore[union-attr]
+            key = _KEY.match(body, pos)
+            assert key is not None
+            step = key.group(1)
+            if b"\\" in step:  # an escaped key: compared as the text it stands for
+                step = orjson.loads(b'"' + step + b'"').encode()
+            pos = key.end()
         else:
             step, index = index, index + 1
         child = node.get(step)
-        if child is None:
+        container = body[pos] in b"{["
+        if child is None and not container:
+            pos = _SCALAR_AND_AFTER.match(body, pos).end()  # type: ignore[union-attr]
+            continue
+        if child is None or child is _LEAF:
             end = _skip(body, pos)
-        elif child is _LEAF:
-            end = _skip(body, pos)
-            spans.append((pos, end))
+            if child is _LEAF:
+                spans.append((pos, end))
         else:
-            end = _walk(body, pos, child, spans)
-        pos = _SPACE.match(body, end).end()  # type: ignore[union-attr]
-        if body[pos] == 0x2C:  # ","
-            pos = _SPACE.match(body, pos + 1).end()  # type: ignore[union-attr]
+            end = _walk(body, pos, child, spans) if container else _skip(body, pos)
+        pos = _AFTER.match(body, end).end()  # type: ignore[union-attr]
     return pos + 1
 
 

@@ -1,7 +1,8 @@
 """Sinks: where samples go. A small interface (write / flush / close, sync and async), the embedded
 default (a local JSON Lines file), and sinks at scale: rotating columnar files, an asyncio queue,
 Redis Streams and Ray, with buffering, retries and spill-to-disk (`open_sink` picks one from a
-path or URL). Optional libraries (pyarrow, redis, ray) are imported only when used."""
+path or URL). `read_samples` reads back what the file sinks wrote, whatever the format (Redis and
+Ray have their own readers). Optional libraries (pyarrow, redis, ray) are imported only when used."""
 
 from tito_agents.config import DeliveryStats
 from tito_agents.sinks.base import CallbackSink, MemorySink, Sink

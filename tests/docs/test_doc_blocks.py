@@ -406,3 +406,17 @@ def test_placeholders_point_at_the_servers() -> None:
     assert Servers("http://127.0.0.1:5001/v1").fill('"http://127.0.0.1:8100"') == (
         '"http://127.0.0.1:8100"'
     )
+
+
+def test_the_readme_starts_the_fake_before_its_first_block() -> None:
+    """A newcomer's first command block starts the server their first Python block talks to, on
+    the port that block uses: the quick start has no step that is not written down."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    first_python = text.index("```python")
+    first_shell = text.index("```bash")
+    assert first_shell < first_python
+    shell = text[first_shell : text.index("```", first_shell + 7)]
+    started = re.search(r"python -m tito_agents\.testing\.fake_vllm --port (\d+)", shell)
+    assert started is not None, "the README's first shell block does not start the fake vLLM"
+    block = next(block for block in BLOCKS if block.path.name == "README.md")
+    assert f"http://127.0.0.1:{started[1]}/v1" in block.code

@@ -239,8 +239,14 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         info, payload = self.info, self._payload
         if payload is None or not (info.added_ids or info.added_logprobs):
             return None
-        paths = _added_paths(payload, info.added_ids, info.added_logprobs)
         segments = self._segments
+        if (
+            segments is None
+        ):  # a short body, parsed whole: cut now, it is joined cheaper than walked
+            segments = _BodySegments.split(self._body, min_size=0)
+            if segments is not None:
+                payload = orjson.loads(segments.skeleton)
+        paths = _added_paths(payload, info.added_ids, info.added_logprobs)
         if segments is None:
             return null_values(self._body, paths)
         nulled = segments.nulled_at(payload, paths)

@@ -129,10 +129,11 @@ class _BodySegments:
         self.skeleton = b"".join(parts)
 
     @classmethod
-    def split(cls, body: bytes) -> _BodySegments | None:
-        """Cut the id arrays, and the chat logprob entries before them, out of `body`."""
-        if len(body) < 2048:
-            return None  # small bodies parse whole just as fast
+    def split(cls, body: bytes, *, min_size: int = 2048) -> _BodySegments | None:
+        """Cut the id arrays, and the chat logprob entries before them, out of `body` (None when
+        the body is shorter than `min_size`: small bodies parse whole just as fast)."""
+        if len(body) < min_size:
+            return None
         view = memoryview(body)
         pieces: list[bytes] = []
         raw: list[memoryview] = []

@@ -123,15 +123,17 @@ _SPACE = re.compile(rb"[ \t\r\n]*")
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _STRING_OR_BRACKET = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]]', re.S)
 _SCALAR_END = re.compile(rb"[,}\] \t\r\n]|$")
-_KEY = re.compile(rb'"([^"\\]*(?:\\.[^"\\]*)*)"[ \t\r\n]*:[ \t\r\n]*', re.S)
-"""A member's key and colon (the key's raw text in group 1), up to its value."""
-_AFTER = re.compile(rb"[ \t\r\n]*(?:,[ \t\r\n]*)?")
+_SCALAR = rb'(?:"[^"\\]*+(?:\\.[^"\\]*+)*+"|[^ \t\r\n,\]}"\[{]++)'
+_AFTER = re.compile(rb"[ \t\r\n]*+(?:,[ \t\r\n]*+)?")
 """What follows a value up to the next member or element (or the closing bracket)."""
-_SCALAR_AND_AFTER = re.compile(
-    rb'(?:"[^"\\]*(?:\\.[^"\\]*)*"|[^ \t\r\n,\]}"\[{]+)[ \t\r\n]*(?:,[ \t\r\n]*)?', re.S
+_MEMBER = re.compile(
+    rb'"([^"\\]*+(?:\\.[^"\\]*+)*+)"[ \t\r\n]*+:[ \t\r\n]*+(' + _SCALAR + _AFTER.pattern + rb")?",
+    re.S,
 )
-"""A string, number, true, false or null value and what follows it: a member not on a path is
-passed in one match."""
+"""A member: its key's raw text (group 1), and its value with what follows when that value is a
+string, number, true, false or null (group 2; else the match ends where the value starts)."""
+_ELEMENT = re.compile(rb"(" + _SCALAR + _AFTER.pattern + rb")?", re.S)
+"""A list element, as `_MEMBER` without the key."""
 
 
 def null_values(body: bytes, paths: Iterable[Path]) -> bytes:
@@ -167,34 +169,52 @@ def null_values(body: bytes, paths: Iterable[Path]) -> bytes:
 
 def _walk(body: bytes, pos: int, node: dict[Any, Any], spans: list[tuple[int, int]]) -> int:
     """The end of the container at `pos`; the spans of the values `node` names in it are noted
-    (`node`: keys as raw UTF-8 bytes, list indices as ints)."""
+    (`node`: keys as raw UTF-8 bytes, list indices as ints). A member or element off the path
+    whose value is no container is passed in one match."""
     is_object = body[pos] == 0x7B  # "{"
     pos = _SPACE.match(body, pos + 1).end()  # type: ignore[union-attr]
     index = 0
     while body[pos] not in b"}]":
         step: Any
         if is_object:
-            key = _KEY.match(body, pos)
-            assert key is not None
-            step = key.group(1)
+            match = _MEMBER.match(body, pos)
+            assert match is not None
+            step = match.group(1)
             if b"\\" in step:  # an escaped key: compared as the text it stands for
                 step = orjson.loads(b'"' + step + b'"').encode()
-            pos = key.end()
         else:
+            match = _ELEMENT.match(body, pos)
+            assert match is not None
             step, index = index, index + 1
         child = node.get(step)
-        container = body[pos] in b"{["
-        if child is None and not container:
-            pos = _SCALAR_AND_AFTER.match(body, pos).end()  # type: ignore[union-attr]
+        scalar = match.start(2 if is_object else 1)
+        if child is None and scalar != -1:
+            pos = match.end()
             continue
+        start = match.end() if scalar == -1 else scalar
         if child is None or child is _LEAF:
-            end = _skip(body, pos)
+            end = _skip(body, start)
             if child is _LEAF:
-                spans.append((pos, end))
+                spans.append((start, end))
         else:
-            end = _walk(body, pos, child, spans) if container else _skip(body, pos)
+            end = _walk(body, start, child, spans) if scalar == -1 else _skip(body, start)
         pos = _AFTER.match(body, end).end()  # type: ignore[union-attr]
     return pos + 1
+
+
+def _nested(depth: int) -> re.Pattern[bytes]:
+    """A JSON list or object holding containers at most `depth` levels deep, matched whole (the
+    body is valid JSON, so a bracket's kind need not be checked). Possessive: a deeper one fails
+    at once instead of backtracking."""
+    atom = rb'[^"\[\]{}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+    level = rb"[\[{](?:" + atom + rb")*+[\]}]"
+    for _ in range(depth):
+        level = rb"[\[{](?:" + atom + rb"|" + level + rb")*+[\]}]"
+    return re.compile(level, re.S)
+
+
+_CONTAINER = _nested(8)
+"""A container passed in one match (an answer's logprob entries are 5 to 7 levels deep)."""
 
 
 def _skip(body: bytes, pos: int) -> int:
@@ -204,7 +224,10 @@ def _skip(body: bytes, pos: int) -> int:
         return _STRING.match(body, pos).end()  # type: ignore[union-attr]
     if first not in b"{[":
         return _SCALAR_END.search(body, pos).start()  # type: ignore[union-attr]
-    depth = 0
+    whole = _CONTAINER.match(body, pos)
+    if whole is not None:
+        return whole.end()
+    depth = 0  # deeper than `_CONTAINER` reaches: bracket by bracket
     for match in _STRING_OR_BRACKET.finditer(body, pos):
         token = match.group()
         if token in (b"{", b"["):

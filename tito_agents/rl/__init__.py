@@ -11,7 +11,8 @@ running vLLM in place.
 
 `VersionLog` reads which engine weights sampled each call off the updates' times (`versions`,
 with the `max_staleness` filter); `trl_engine` and `trl_callback` need TRL / transformers and are
-imported by name; `loop_plot` draws `make rl-loop`'s curves.
+imported by name; both push through `sync` (gathered as the trainer shards, written by the main
+process, awaited by every rank); `loop_plot` draws `make rl-loop`'s curves.
 
 A tools-layer package: it uses the public API (the collector, episodes, samples, converters)
 and nothing of the capture internals. See docs/rl-loop.md and docs/converters.md.

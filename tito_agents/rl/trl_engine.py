@@ -18,7 +18,18 @@ the ratio in the loss. So `attach_engine` sets, after the trainer is built, `use
 moves the collector's `policy_version` to the version the engine reports. It replaces
 `WeightSyncCallback` (use one or the other).
 
-Its own module, imported by name: it touches TRL's trainer attributes, checked against 1.16.
+TRL has no public hook for this (a `rollout_func` against a server of one's own, with its
+importance-sampling correction on): `attach_engine` sets the trainer's attributes `use_vllm`,
+`vllm_mode`, `vllm_importance_sampling_correction`, `vllm_generation` and `_last_loaded_step`,
+and `RatioProbe` wraps `_generate_and_score_completions`. So the TRL versions these were read
+against are pinned (`SUPPORTED_TRL`): `attach_engine` refuses another with `UnsupportedTrl`, and
+`tests/unit/test_rl_trl_private.py` checks each of them on the installed TRL.
+
+Several processes: every rank calls `sync_weights`; the weights are gathered as the trainer
+shards them, written and pushed by the main process only, and every rank waits for the push
+(`tito_agents.rl.sync`).
+
+Its own module, imported by name: it needs TRL.
 """
 
 from __future__ import annotations
@@ -30,12 +41,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
 from tito_agents.collector import Collector
-from tito_agents.rl.versions import VersionLog, push_and_record
+from tito_agents.errors import TitoError
+from tito_agents.rl.sync import push_and_record, sharding
+from tito_agents.rl.versions import VersionLog
 from tito_agents.rl.weights import DEFAULT_TIMEOUT, PauseMode, WeightUpdate
+
+SUPPORTED_TRL = SpecifierSet(">=1.16,<1.17")
+"""The TRL versions whose `GRPOTrainer` internals `attach_engine` was checked against."""
 
 CLIP = 0.2
 """PPO's clip range for `frac_outside_clip` (as `trainer_check.ratio_stats.CLIP`)."""
+
+
+class UnsupportedTrl(TitoError):
+    """The installed TRL is not one `attach_engine` was checked against (`SUPPORTED_TRL`): the
+    private trainer attributes it sets may mean something else there, or nothing."""
+
+
+def check_trl_version() -> str:
+    """The installed TRL's version, or `UnsupportedTrl` when it is outside `SUPPORTED_TRL`."""
+    import trl
+
+    installed = str(trl.__version__)
+    # a dev build of a supported release counts; "<1.17" still refuses 1.17's pre-releases
+    if not SUPPORTED_TRL.contains(Version(installed), prereleases=True):
+        raise UnsupportedTrl(
+            f"TRL {installed} is installed; tito_agents.rl.trl_engine supports TRL "
+            f"{SUPPORTED_TRL} (it sets GRPOTrainer attributes TRL does not publish): install "
+            f'"trl{SUPPORTED_TRL}", or use WeightSyncCallback, which needs no TRL internals'
+        )
+    return installed
 
 
 class EngineSync:
@@ -69,10 +108,15 @@ class EngineSync:
         self.updates: list[WeightUpdate] = []
 
     def sync_weights(self) -> None:
-        """What TRL calls before each new generation batch (once per optimizer step)."""
+        """What TRL calls before each new generation batch (once per optimizer step), on every
+        rank: the main process pushes, the others wait for it (`tito_agents.rl.sync`)."""
         trainer = self.trainer
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        push_and_record(self, model, str(int(trainer.state.global_step)))
+        accelerator = trainer.accelerator
+        processes = accelerator.state
+        # FSDP gathers from the wrapped model (it owns the shards); the others from the module
+        wrapped = sharding(processes) == "fsdp"
+        model = trainer.model if wrapped else accelerator.unwrap_model(trainer.model)
+        push_and_record(self, model, str(int(trainer.state.global_step)), processes)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(
@@ -94,7 +138,11 @@ def attach_engine(
 ) -> EngineSync:
     """Turn on TRL's use of the rollout logprobs and weight sync into the vLLM at `base_url`
     (see the module docstring). The server is taken to serve the trainer's weights now (its
-    first push happens before the second generation batch). Returns the `EngineSync`."""
+    first push happens before the second generation batch). Returns the `EngineSync`.
+
+    Raises `UnsupportedTrl` when the installed TRL is outside `SUPPORTED_TRL`, `ValueError` when
+    `trainer` is not a GRPOTrainer built with a `rollout_func`."""
+    check_trl_version()
     if getattr(trainer, "rollout_func", None) is None:
         raise ValueError("attach_engine is for a GRPOTrainer built with rollout_func=...")
     if getattr(trainer, "use_vllm", False) and not isinstance(
@@ -103,7 +151,7 @@ def attach_engine(
         raise ValueError("the trainer drives a vLLM of its own (use_vllm=True): nothing to attach")
     for name in ("vllm_importance_sampling_correction", "_generate", "state"):
         if not hasattr(trainer, name):
-            raise ValueError(f"not a TRL 1.16-like GRPOTrainer: it has no {name!r}")
+            raise ValueError(f"not a TRL GRPOTrainer: it has no {name!r}")
     engine = EngineSync(
         trainer,
         base_url,

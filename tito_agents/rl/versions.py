@@ -22,19 +22,15 @@ those times:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Literal
 
 import numpy as np
 
 from tito_agents.calls import Call
-from tito_agents.rl.weights import PauseMode, WeightUpdate, push_weights
+from tito_agents.rl.weights import WeightUpdate
 from tito_agents.samples import Sample
-
-if TYPE_CHECKING:
-    from tito_agents.collector import Collector
 
 StaleMode = Literal["mask", "drop"]
 
@@ -196,40 +192,3 @@ def filter_stale(
                 mask[span.start : span.end] = 0
             kept.append(dataclasses.replace(sample, loss_mask=mask))
     return kept, StalenessReport(masked, dropped, stale, unversioned)
-
-
-class _WeightPusher(Protocol):
-    """What `push_and_record` reads of its owner (`WeightSyncCallback`, `trl_engine.EngineSync`)."""
-
-    base_url: str
-    weights_dir: Path
-    collector: Collector | None
-    versions: VersionLog | None
-    dtype: str
-    pause: PauseMode | None
-    timeout: float
-    on_update: Callable[[WeightUpdate], None] | None
-    updates: list[WeightUpdate]
-
-
-def push_and_record(owner: _WeightPusher, model: Any, version: str) -> WeightUpdate:
-    """Serve `model`'s weights in place as `version`, then tell everyone who follows versions:
-    the collector's `policy_version` (the engine's answer), the `VersionLog`, the owner's
-    `updates` and its `on_update` hook. The one step both weight-sync paths take."""
-    update = push_weights(
-        model,
-        owner.base_url,
-        owner.weights_dir,
-        version=version,
-        dtype=owner.dtype,
-        pause=owner.pause,
-        timeout=owner.timeout,
-    )
-    if owner.collector is not None:
-        owner.collector.settings.policy_version = update.version
-    if owner.versions is not None:
-        owner.versions.record(update)
-    owner.updates.append(update)
-    if owner.on_update is not None:
-        owner.on_update(update)
-    return update

@@ -438,3 +438,17 @@ def test_null_values_nulls_exactly_the_paths_it_is_given(
     got = null_values(body, [*chosen, ("no such key", 7)])
     assert json.loads(got) == want
     assert null_values(body, [("no such key",), (99, "x")]) == body
+
+
+def test_null_values_reaches_through_containers_of_any_depth() -> None:
+    """Containers deeper than the one-match pattern reaches are passed bracket by bracket; keys
+    written with escapes are found as the text they stand for."""
+    from tito_agents._capture.wire.splice import null_values
+
+    deep = "[" * 20 + '{"k": "]}"}' + "]" * 20
+    body = f'{{"a": {deep}, "b\\u0020c" : {{"x": {deep}, "y": 1}}, "z": {deep}}}'.encode()
+    got = null_values(body, [("b c", "y"), ("z",), ("a", 0, 0)])
+    want = json.loads(body)
+    want["b c"]["y"], want["z"], want["a"][0][0] = None, None, None
+    assert json.loads(got) == want
+    assert got.startswith(b'{"a": [[null]') and b'"b\\u0020c" : {"x": [[' in got

@@ -12,6 +12,7 @@ by `null` (answers, `null_values`). Everything else stays byte for byte.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -126,14 +127,10 @@ _SCALAR_END = re.compile(rb"[,}\] \t\r\n]|$")
 _SCALAR = rb'(?:"[^"\\]*+(?:\\.[^"\\]*+)*+"|[^ \t\r\n,\]}"\[{]++)'
 _AFTER = re.compile(rb"[ \t\r\n]*+(?:,[ \t\r\n]*+)?")
 """What follows a value up to the next member or element (or the closing bracket)."""
-_MEMBER = re.compile(
-    rb'"([^"\\]*+(?:\\.[^"\\]*+)*+)"[ \t\r\n]*+:[ \t\r\n]*+(' + _SCALAR + _AFTER.pattern + rb")?",
-    re.S,
-)
-"""A member: its key's raw text (group 1), and its value with what follows when that value is a
-string, number, true, false or null (group 2; else the match ends where the value starts)."""
-_ELEMENT = re.compile(rb"(" + _SCALAR + _AFTER.pattern + rb")?", re.S)
-"""A list element, as `_MEMBER` without the key."""
+_KEY = re.compile(rb'"([^"\\]*+(?:\\.[^"\\]*+)*+)"[ \t\r\n]*+:[ \t\r\n]*+', re.S)
+"""A member's key (its raw text in group 1) and colon, up to its value."""
+_SCALAR_AND_AFTER = re.compile(_SCALAR + _AFTER.pattern, re.S)
+"""A string, number, true, false or null element and what follows it, in one match."""
 
 
 def null_values(body: bytes, paths: Iterable[Path]) -> bytes:
@@ -169,37 +166,77 @@ def null_values(body: bytes, paths: Iterable[Path]) -> bytes:
 
 def _walk(body: bytes, pos: int, node: dict[Any, Any], spans: list[tuple[int, int]]) -> int:
     """The end of the container at `pos`; the spans of the values `node` names in it are noted
-    (`node`: keys as raw UTF-8 bytes, list indices as ints). A member or element off the path
-    whose value is no container is passed in one match."""
-    is_object = body[pos] == 0x7B  # "{"
+    (`node`: keys as raw UTF-8 bytes, list indices as ints)."""
+    if body[pos] == 0x7B:  # "{"
+        return _walk_object(body, pos, node, spans)
+    return _walk_list(body, pos, node, spans)
+
+
+def _walk_object(body: bytes, pos: int, node: dict[Any, Any], spans: list[tuple[int, int]]) -> int:
+    """`_walk` of an object: one match passes every member up to the next one `node` names."""
+    passing = _passer(tuple(sorted(key for key in node if type(key) is bytes)))
+    pos += 1
+    while True:
+        pos = passing.match(body, pos).end()  # type: ignore[union-attr]
+        first = body[pos]
+        if first == 0x7D:  # "}"
+            return pos + 1
+        if first != 0x22:  # a container deeper than `_CONTAINER` reaches
+            pos = _skip(body, pos)
+            continue
+        key = _KEY.match(body, pos)
+        assert key is not None
+        step = key.group(1)
+        if b"\\" in step:  # an escaped key: compared as the text it stands for
+            step = orjson.loads(b'"' + step + b'"').encode()
+        pos = _visit(body, key.end(), node.get(step), spans)
+
+
+def _walk_list(body: bytes, pos: int, node: dict[Any, Any], spans: list[tuple[int, int]]) -> int:
+    """`_walk` of a list: an element off the path that is no container is passed in one match."""
     pos = _SPACE.match(body, pos + 1).end()  # type: ignore[union-attr]
     index = 0
-    while body[pos] not in b"}]":
-        step: Any
-        if is_object:
-            match = _MEMBER.match(body, pos)
-            assert match is not None
-            step = match.group(1)
-            if b"\\" in step:  # an escaped key: compared as the text it stands for
-                step = orjson.loads(b'"' + step + b'"').encode()
-        else:
-            match = _ELEMENT.match(body, pos)
-            assert match is not None
-            step, index = index, index + 1
-        child = node.get(step)
-        scalar = match.start(2 if is_object else 1)
-        if child is None and scalar != -1:
-            pos = match.end()
-            continue
-        start = match.end() if scalar == -1 else scalar
-        if child is None or child is _LEAF:
-            end = _skip(body, start)
-            if child is _LEAF:
-                spans.append((start, end))
-        else:
-            end = _walk(body, start, child, spans) if scalar == -1 else _skip(body, start)
-        pos = _AFTER.match(body, end).end()  # type: ignore[union-attr]
+    while body[pos] != 0x5D:  # "]"
+        child = node.get(index)
+        index += 1
+        if child is None:
+            scalar = _SCALAR_AND_AFTER.match(body, pos)
+            if scalar is not None:
+                pos = scalar.end()
+                continue
+        pos = _AFTER.match(body, _visit(body, pos, child, spans)).end()  # type: ignore[union-attr]
     return pos + 1
+
+
+def _visit(body: bytes, start: int, child: Any, spans: list[tuple[int, int]]) -> int:
+    """The end of the value at `start`, which `child` (of the path tree) says what to do with."""
+    if child is None or child is _LEAF or body[start] not in b"{[":
+        end = _skip(body, start)
+        if child is _LEAF:
+            spans.append((start, end))
+        return end
+    return _walk(body, start, child, spans)
+
+
+@functools.lru_cache(maxsize=64)
+def _passer(keys: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    """Everything of an object up to the next member whose key is one of `keys` (or is written
+    with an escape: compared once decoded), or up to its closing brace. A string is a key where
+    a colon follows it; a container is passed whole (up to `_CONTAINER`'s depth)."""
+    stops = [rb'"[^"\\]*+\\.(?:[^"\\]++|\\.)*+"']
+    if keys:
+        stops.append(rb'"(?:' + b"|".join(re.escape(key) for key in keys) + rb')"')
+    stop = rb"(?:" + b"|".join(stops) + rb")[ \t\r\n]*+:"
+    return re.compile(
+        rb'(?:[^"\[\]{}]++|(?!'
+        + stop
+        + rb")"
+        + _STRING.pattern
+        + rb"|"
+        + _CONTAINER.pattern
+        + rb")*+",
+        re.S,
+    )
 
 
 def _nested(depth: int) -> re.Pattern[bytes]:

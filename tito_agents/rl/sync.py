@@ -19,8 +19,8 @@ weights. So a push goes, on every rank, in the same order:
    so a failed push stops every rank instead of leaving the others waiting at the next collective.
 
 `processes` is accelerate's `AcceleratorState` (`trainer.accelerator.state`); only what
-`Processes` names is read, so tests fake it. Not run on several GPUs here: the ZeRO-3 and FSDP
-paths are tested with fakes of what they check.
+`Processes` names is read, so tests fake it. Not run on several GPUs here: the replicated and
+FSDP2 paths run on two CPU processes (gloo) in the tests, ZeRO-3 and FSDP1 only with fakes.
 """
 
 from __future__ import annotations

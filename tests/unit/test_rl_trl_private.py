@@ -23,6 +23,7 @@ from packaging.version import Version
 
 from tito_agents.rl.trl_engine import (
     SUPPORTED_TRL,
+    RatioProbe,
     UnsupportedTrl,
     attach_engine,
     check_trl_version,
@@ -49,6 +50,8 @@ def test_attach_engine_refuses_an_unchecked_trl(
         attach_engine(object(), "http://x/v1", "w")
     assert f"TRL {faked} is installed" in str(raised.value)
     assert str(SUPPORTED_TRL) in str(raised.value)
+    with pytest.raises(UnsupportedTrl):
+        RatioProbe(object())
 
 
 def test_a_dev_build_of_a_supported_release_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -205,6 +205,7 @@ class RatioProbe:
     batches: list[BatchRatio] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        check_trl_version()  # it wraps a TRL method that is not public
         inner = self.trainer._generate_and_score_completions
 
         def probed(*args: Any, **kwargs: Any) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import openai
@@ -59,11 +59,17 @@ def server(fake: FakeVLLM, raw: bytes) -> Any:
     def handle(method: str, target: str, body: bytes, headers: Mapping[str, str]) -> FakeResponse:
         assert body.count(value) == 1, "the caller's value did not reach the server as written"
         reply = fake.handle(method, target, body.replace(value, PLACE), headers)
-        assert reply.stream is None
+        if reply.stream is not None:
+            return dataclasses.replace(reply, stream=_echoed(reply.stream, value))
         answer = _VARYING.sub(rb'"\1":"fixed"', reply.body.replace(PLACE, value))
         return dataclasses.replace(reply, body=answer)
 
     return handle
+
+
+async def _echoed(stream: AsyncIterator[bytes], value: bytes) -> AsyncIterator[bytes]:
+    async for event in stream:  # one event per chunk: the placeholder is never split
+        yield event.replace(PLACE, value)
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +209,39 @@ def test_any_echoed_value_reaches_the_caller_as_the_server_wrote_it(
 ) -> None:
     want, got = both(fake, endpoint, raw, long=False, logprobs=logprobs)
     assert got == want
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [raw.replace(b"\n", b" ") for raw in VALUES.values()],  # an SSE data line holds no newline
+    ids=list(VALUES),
+)
+def test_a_stream_reaches_the_caller_as_the_server_sent_it(fake: FakeVLLM, raw: bytes) -> None:
+    """A Responses stream echoes the tools in its first and final events: the caller reads the
+    server's bytes as they come (a stream is never rewritten: the added ids stay in it)."""
+    body = request("responses", raw, long=False)[:-1] + b',"stream":true}'
+    sent: list[bytes] = []
+    handler = server(fake, raw)
+
+    def recording(
+        method: str, target: str, body: bytes, headers: Mapping[str, str]
+    ) -> FakeResponse:
+        reply = handler(method, target, body, headers)
+        assert reply.stream is not None
+        return dataclasses.replace(reply, stream=_recorded(reply.stream, sent))
+
+    collector = tito.Collector(capture_logprobs=True)
+    wrapped = collector.http_client(
+        ["vllm.test"], asynchronous=False, transport=mock_transport(recording)
+    )
+    with wrapped, collector.episode() as ep:
+        got = wrapped.post("http://vllm.test/v1/responses", content=body).content
+    assert [call.status for call in ep.calls] == [tito.CallStatus.COMPLETE]
+    assert got == b"".join(sent)
+    assert got.count(framed(raw)) == 3  # response.created, .in_progress and .completed
+
+
+async def _recorded(stream: AsyncIterator[bytes], sent: list[bytes]) -> AsyncIterator[bytes]:
+    async for event in stream:
+        sent.append(event)
+        yield event

@@ -21,6 +21,7 @@ and nothing of the capture internals. See docs/rl-loop.md and docs/converters.md
 from __future__ import annotations
 
 from tito_agents.convert.trl import passthrough_reward
+from tito_agents.rl.trl_async import TitoRolloutWorker
 from tito_agents.rl.trl_rollout import Agent, EpisodeSplitError, RolloutTimings, TrlRollout
 from tito_agents.rl.versions import (
     CallVersions,
@@ -44,6 +45,7 @@ __all__ = [
     "EpisodeSplitError",
     "RolloutTimings",
     "StalenessReport",
+    "TitoRolloutWorker",
     "TrlRollout",
     "VersionLog",
     "VllmWeights",

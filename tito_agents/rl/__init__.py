@@ -9,6 +9,9 @@ running vLLM in place.
     from tito_agents.rl.trl_engine import attach_engine   # TRL uses the rollout logprobs,
     attach_engine(trainer, VLLM_URL, "out/weights", collector=collector)   # syncs each step
 
+`TitoRolloutWorker` runs such an agent as TRL AsyncGRPO's `rollout_worker=`: it fills the
+trainer's queue of `RolloutSample`s, TRL's weight transfer is kept (TRL is imported on `start`).
+
 `VersionLog` reads which engine weights sampled each call off the updates' times (`versions`,
 with the `max_staleness` filter); `trl_engine` and `trl_callback` need TRL / transformers and are
 imported by name; both push through `sync` (gathered as the trainer shards, written by the main

@@ -306,3 +306,17 @@ def test_stop_ends_an_endless_worker(server: FakeVLLMServer, started: list[Any])
     worker.stop()
     assert worker.wait_done(TIMEOUT_S)
     worker.check_health(TIMEOUT_S)  # a stopped worker is not "out of data"
+
+
+def test_an_error_of_the_worker_itself_is_raised_by_check_health(
+    server: FakeVLLMServer, started: list[Any]
+) -> None:
+    """A dataset row without the prompt field is no episode's fault: the run ends and the
+    trainer's next `check_health` raises it (in the trainer's thread, with the cause)."""
+    worker = make_worker(server.base_url, length_agent, [{"question": "p0"}], num_generations=2)
+    started.append(worker)
+    worker.start()
+    assert worker.wait_done(TIMEOUT_S)
+    with pytest.raises(RuntimeError, match="worker failed: KeyError") as raised:
+        worker.check_health(TIMEOUT_S)
+    assert isinstance(raised.value.__cause__, KeyError)

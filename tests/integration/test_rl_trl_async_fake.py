@@ -5,6 +5,7 @@ Every test waits on the worker's queue or its end (`wait_done`), never on time."
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 from collections import Counter, defaultdict
@@ -320,3 +321,21 @@ def test_an_error_of_the_worker_itself_is_raised_by_check_health(
     with pytest.raises(RuntimeError, match="worker failed: KeyError") as raised:
         worker.check_health(TIMEOUT_S)
     assert isinstance(raised.value.__cause__, KeyError)
+
+
+def test_stop_cancels_episodes_in_flight(server: FakeVLLMServer, started: list[Any]) -> None:
+    """An agent stuck mid-episode (the trainer ends while it waits on a tool) does not hold up
+    `stop`: its episode is cancelled and nothing half-done is queued."""
+    stuck = threading.Event()
+
+    async def agent(prompt: Any, client: openai.AsyncOpenAI) -> float:
+        await ask(prompt, client)
+        stuck.set()
+        await asyncio.Event().wait()  # a tool that never answers
+        return 1.0
+
+    worker = run(server, started, agent, ["p0"])
+    assert stuck.wait(TIMEOUT_S)
+    worker.stop()
+    assert worker.wait_done(TIMEOUT_S)
+    assert worker.rollout_buffer.empty() and worker.stats.skipped_episodes == 0

@@ -1,4 +1,5 @@
-/* Optional C helper for the capture hot path: the integers of a JSON id array, in one pass.
+/* Optional C helper for the capture hot path: the integers of a JSON id array, in one pass, and
+ * the logprobs of chat logprob entries without building the entries (`chat_logprobs`, below).
  *
  * `parse_ids(data)` takes the text between the brackets of a JSON array of token ids (bytes or any
  * buffer) and returns a bytearray of native int32 values, or None when the text is not a list of
@@ -13,6 +14,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <float.h>
+#include <math.h>
 #include <string.h>
 
 static inline int is_ws(unsigned char c) {
@@ -152,15 +155,390 @@ static PyObject *parse_ids(PyObject *self, PyObject *arg) {
     return out;
 }
 
+/* ---- chat logprob entries: the `logprob` of each, without building the entries ----
+ *
+ * `chat_logprobs(data)` takes the text between the brackets of a chat `logprobs.content` array
+ * and returns a bytearray of native float32 values, one per entry, or None when it cannot be sure
+ * the full parse (orjson, then `float32(entry["logprob"])`) gives exactly these: then the caller
+ * takes that parse, which also names any problem. So the scan validates the whole text as JSON
+ * (strict UTF-8, no control characters in strings, no leading zeros...) and refuses, rather than
+ * decides, anything outside the plain shape vLLM writes: an entry that is no object, a `logprob`
+ * that is missing, repeated, integer, infinite or not a number, a key spelled with an escape,
+ * a lone surrogate escape, nesting deeper than MAX_DEPTH, any number infinite as a double. A
+ * number is read correctly rounded (Clinger's fast path or PyOS_string_to_double, as a JSON
+ * parser must), then rounded to float32 as numpy does. */
+
+#define MAX_DEPTH 32
+#define MAX_NUMBER 63
+
+typedef struct {
+    const unsigned char *p, *end;
+} Scan;
+
+static inline void skip_ws(Scan *s) {
+    while (s->p < s->end && is_ws(*s->p)) s->p++;
+}
+
+static const unsigned char PLAIN[256] = {
+#define R16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
+    R16(0), R16(0), 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, R16(1), R16(1),
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, R16(1), R16(1), R16(0), R16(0), R16(0),
+    R16(0), R16(0), R16(0), R16(0), R16(0)
+#undef R16
+};
+
+static inline int hex_value(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* The length of the valid UTF-8 sequence starting at p (lead byte >= 0x80), or 0 (overlong,
+ * surrogate, beyond U+10FFFF, truncated). */
+static inline int utf8_length(const unsigned char *p, const unsigned char *end) {
+    unsigned char c = p[0];
+    if (c >= 0xC2 && c <= 0xDF) {
+        return end - p >= 2 && (p[1] & 0xC0) == 0x80 ? 2 : 0;
+    }
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (end - p < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
+        if (c == 0xE0 && p[1] < 0xA0) return 0; /* overlong */
+        if (c == 0xED && p[1] >= 0xA0) return 0; /* surrogate */
+        return 3;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (end - p < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 ||
+            (p[3] & 0xC0) != 0x80)
+            return 0;
+        if (c == 0xF0 && p[1] < 0x90) return 0; /* overlong */
+        if (c == 0xF4 && p[1] >= 0x90) return 0; /* beyond U+10FFFF */
+        return 4;
+    }
+    return 0;
+}
+
+/* A string at s->p (its opening quote): 1 when valid and plain, 0 otherwise. `escaped` says
+ * whether it held an escape (a key spelled with one is refused by the caller). */
+static int scan_string(Scan *s, int *escaped) {
+    const unsigned char *p = s->p + 1, *end = s->end;
+    *escaped = 0;
+    for (;;) {
+        /* the plain ASCII run, the common case */
+        while (p < end && PLAIN[*p]) p++;
+        if (p >= end) return 0;
+        unsigned char c = *p;
+        if (c == '"') {
+            s->p = p + 1;
+            return 1;
+        }
+        if (c < 0x20) return 0;
+        if (c == '\\') {
+            *escaped = 1;
+            if (p + 1 >= end) return 0;
+            unsigned char e = p[1];
+            if (e == 'u') {
+                if (end - p < 6) return 0;
+                int code = 0;
+                for (int i = 2; i < 6; i++) {
+                    int h = hex_value(p[i]);
+                    if (h < 0) return 0;
+                    code = code * 16 + h;
+                }
+                p += 6;
+                if (code >= 0xDC00 && code <= 0xDFFF) return 0; /* a lone low surrogate */
+                if (code >= 0xD800 && code <= 0xDBFF) { /* a high one: a low one must follow */
+                    if (end - p < 6 || p[0] != '\\' || p[1] != 'u') return 0;
+                    int low = 0;
+                    for (int i = 2; i < 6; i++) {
+                        int h = hex_value(p[i]);
+                        if (h < 0) return 0;
+                        low = low * 16 + h;
+                    }
+                    if (low < 0xDC00 || low > 0xDFFF) return 0;
+                    p += 6;
+                }
+            } else if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' ||
+                       e == 'r' || e == 't') {
+                p += 2;
+            } else {
+                return 0;
+            }
+            continue;
+        }
+        int n = utf8_length(p, end);
+        if (n == 0) return 0;
+        p += n;
+    }
+}
+
+/* A JSON number at s->p: 1 when valid, 0 otherwise; `is_float` says it has a fraction or an
+ * exponent (a JSON integer parses to a Python int, not read here). */
+static int scan_number(Scan *s, int *is_float) {
+    const unsigned char *p = s->p, *end = s->end;
+    *is_float = 0;
+    if (p < end && *p == '-') p++;
+    if (p >= end) return 0;
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    } else {
+        return 0;
+    }
+    if (p < end && *p == '.') {
+        *is_float = 1;
+        p++;
+        if (p >= end || *p < '0' || *p > '9') return 0;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        *is_float = 1;
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        if (p >= end || *p < '0' || *p > '9') return 0;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    }
+    s->p = p;
+    return 1;
+}
+
+static int scan_value(Scan *s, int depth);
+static int read_double(const unsigned char *p, Py_ssize_t length, double *out);
+
+/* An object or array at s->p (its opening bracket): 1 when valid, 0 otherwise. */
+static int scan_container(Scan *s, int depth) {
+    unsigned char close = *s->p == '{' ? '}' : ']';
+    int object = close == '}';
+    if (depth >= MAX_DEPTH) return 0;
+    s->p++;
+    skip_ws(s);
+    if (s->p < s->end && *s->p == close) {
+        s->p++;
+        return 1;
+    }
+    for (;;) {
+        if (object) {
+            int escaped;
+            if (s->p >= s->end || *s->p != '"' || !scan_string(s, &escaped)) return 0;
+            skip_ws(s);
+            if (s->p >= s->end || *s->p != ':') return 0;
+            s->p++;
+            skip_ws(s);
+        }
+        if (!scan_value(s, depth + 1)) return 0;
+        skip_ws(s);
+        if (s->p >= s->end) return 0;
+        if (*s->p == close) {
+            s->p++;
+            return 1;
+        }
+        if (*s->p != ',') return 0;
+        s->p++;
+        skip_ws(s);
+    }
+}
+
+static inline int scan_literal(Scan *s, const char *word, Py_ssize_t length) {
+    if (s->end - s->p < length || memcmp(s->p, word, (size_t)length) != 0) return 0;
+    s->p += length;
+    return 1;
+}
+
+/* Any JSON value at s->p (no whitespace before it): 1 when valid, 0 otherwise. */
+static int scan_value(Scan *s, int depth) {
+    if (s->p >= s->end) return 0;
+    unsigned char c = *s->p;
+    if (c == '"') {
+        int escaped;
+        return scan_string(s, &escaped);
+    }
+    if (c == '{' || c == '[') return scan_container(s, depth);
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        const unsigned char *start = s->p;
+        int is_float;
+        if (!scan_number(s, &is_float)) return 0;
+        Py_ssize_t length = s->p - start;
+        /* a JSON parser refuses a number that is infinite as a double: read the ones that could
+         * be (an exponent, or 300 digits and more) */
+        if (length >= 300 || memchr(start, 'e', (size_t)length) ||
+            memchr(start, 'E', (size_t)length)) {
+            double value;
+            return read_double(start, length, &value);
+        }
+        return 1;
+    }
+    if (c == 't') return scan_literal(s, "true", 4);
+    if (c == 'f') return scan_literal(s, "false", 5);
+    if (c == 'n') return scan_literal(s, "null", 4);
+    return 0;
+}
+
+static const double POWERS_OF_TEN[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                       1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                       1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* The double of a valid JSON number's `length` bytes at p, correctly rounded: 1, or 0 when it
+ * is infinite (a JSON parser refuses it) or the text is longer than MAX_NUMBER.
+ *
+ * When the digits make an integer m <= 2**53 and the decimal exponent e is within +-22, m and
+ * 10**|e| are exact doubles and one multiply or divide rounds correctly (Clinger's fast path;
+ * it needs double evaluation, FLT_EVAL_METHOD 0, as on x86-64 and arm64): most logprobs. Other
+ * numbers take PyOS_string_to_double, Python's own correctly rounded reader. */
+static int read_double(const unsigned char *p, Py_ssize_t length, double *out) {
+#if FLT_EVAL_METHOD == 0
+    const unsigned char *q = p, *end = p + length;
+    int negative = q < end && *q == '-';
+    q += negative;
+    uint64_t m = 0;
+    int exact = 1, fraction = 0;
+    for (; q < end && *q >= '0' && *q <= '9'; q++) {
+        m = m * 10 + (uint64_t)(*q - '0');
+        if (m > (1ULL << 53)) exact = 0;
+        if (!exact) break;
+    }
+    if (exact && q < end && *q == '.') {
+        for (q++; q < end && *q >= '0' && *q <= '9'; q++, fraction++) {
+            m = m * 10 + (uint64_t)(*q - '0');
+            if (m > (1ULL << 53)) {
+                exact = 0;
+                break;
+            }
+        }
+    }
+    long exponent = 0;
+    if (exact && q < end && (*q == 'e' || *q == 'E')) {
+        q++;
+        int minus = q < end && *q == '-';
+        if (q < end && (*q == '-' || *q == '+')) q++;
+        for (; q < end && exponent < 1000; q++) exponent = exponent * 10 + (*q - '0');
+        if (q < end) exact = 0; /* a huge exponent: the general reader */
+        if (minus) exponent = -exponent;
+    }
+    exponent -= fraction;
+    if (exact && exponent >= -22 && exponent <= 22) {
+        double value = (double)m;
+        value = exponent < 0 ? value / POWERS_OF_TEN[-exponent] : value * POWERS_OF_TEN[exponent];
+        if (!isinf(value)) {
+            *out = negative ? -value : value;
+            return 1;
+        }
+    }
+#endif
+    if (length > MAX_NUMBER) return 0;
+    char text[MAX_NUMBER + 1];
+    memcpy(text, p, (size_t)length);
+    text[length] = '\0';
+    char *stop;
+    double value = PyOS_string_to_double(text, &stop, NULL);
+    if (value == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (stop != text + length || isinf(value) || isnan(value)) return 0;
+    *out = value;
+    return 1;
+}
+
+/* The float32 `logprob` of one entry at s->p (its opening brace): 1 when sure, 0 otherwise. */
+static int scan_entry(Scan *s, float *logprob) {
+    int found = 0;
+    if (s->p >= s->end || *s->p != '{') return 0;
+    s->p++;
+    skip_ws(s);
+    if (s->p < s->end && *s->p == '}') return 0; /* no logprob */
+    for (;;) {
+        const unsigned char *key = s->p + 1;
+        int escaped;
+        if (s->p >= s->end || *s->p != '"' || !scan_string(s, &escaped) || escaped) return 0;
+        int is_logprob = s->p - 1 - key == 7 && memcmp(key, "logprob", 7) == 0;
+        skip_ws(s);
+        if (s->p >= s->end || *s->p != ':') return 0;
+        s->p++;
+        skip_ws(s);
+        if (is_logprob) {
+            const unsigned char *start = s->p;
+            int is_float;
+            if (found || s->p >= s->end || !scan_number(s, &is_float) || !is_float) return 0;
+            double value;
+            if (!read_double(start, s->p - start, &value)) return 0;
+            if (fabs(value) > FLT_MAX) return 0; /* float32 overflow: numpy may warn; full parse */
+            *logprob = (float)value;
+            found = 1;
+        } else if (!scan_value(s, 1)) {
+            return 0;
+        }
+        skip_ws(s);
+        if (s->p >= s->end) return 0;
+        if (*s->p == '}') {
+            s->p++;
+            return found;
+        }
+        if (*s->p != ',') return 0;
+        s->p++;
+        skip_ws(s);
+    }
+}
+
+static PyObject *chat_logprobs(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    Scan s = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
+    /* at most one entry per 14 bytes ({"logprob":0.0}) */
+    Py_ssize_t capacity = view.len / 14 + 1;
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, capacity * (Py_ssize_t)sizeof(float));
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    float *values = (float *)PyByteArray_AS_STRING(out);
+    Py_ssize_t n = 0;
+    int sure = 1;
+    skip_ws(&s);
+    while (s.p < s.end) {
+        if (n >= capacity || !scan_entry(&s, &values[n])) {
+            sure = 0;
+            break;
+        }
+        n++;
+        skip_ws(&s);
+        if (s.p >= s.end) break;
+        if (*s.p != ',') {
+            sure = 0;
+            break;
+        }
+        s.p++;
+        skip_ws(&s);
+        if (s.p >= s.end) { /* a trailing comma */
+            sure = 0;
+            break;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (!sure) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    if (PyByteArray_Resize(out, n * (Py_ssize_t)sizeof(float)) != 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"parse_ids", parse_ids, METH_O,
      "parse_ids(data) -> bytearray | None: native int32 ids of a JSON id list's inner text."},
+    {"chat_logprobs", chat_logprobs, METH_O,
+     "chat_logprobs(data) -> bytearray | None: native float32 logprobs of chat entries' text."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "tito_agents._speedups",
-    "Optional C helper for parsing token-id arrays (see _speedups.c).", -1, methods,
+    "Optional C helper for parsing token-id and logprob arrays (see _speedups.c).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }

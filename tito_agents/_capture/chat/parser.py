@@ -290,8 +290,10 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
                 segments = self._segments
                 content = lp.get("content") if isinstance(lp, dict) else None
                 if segments is not None and isinstance(content, str):
-                    entries = {"content": segments.logprob_entries(content)}
-                    choice.logprobs = _chat_logprobs(entries, "logprobs")
+                    choice.logprobs = segments.logprobs(content)  # no entry objects built
+                    if choice.logprobs is None:  # the scan was unsure: parse the entries
+                        entries = {"content": segments.logprob_entries(content)}
+                        choice.logprobs = _chat_logprobs(entries, "logprobs")
                 else:
                     choice.logprobs = _chat_logprobs(lp, what)
             else:

@@ -1,5 +1,7 @@
 """The fast path for long id arrays: they are cut out of the body bytes and parsed by the C helper
-(`tito_agents/_speedups.c`) or numpy, so the JSON parser never builds a Python int per token."""
+(`tito_agents/_speedups.c`) or numpy, so the JSON parser never builds a Python int per token. The
+chat logprob entries are cut out too: the C helper reads their `logprob` numbers from the bytes,
+so no entry object is built (without it, or when it is unsure, they are parsed whole)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numpy.typing as npt
 import orjson
 
 from tito_agents._capture.wire.splice import Path
-from tito_agents.calls import IdArray
+from tito_agents.calls import IdArray, LogprobArray
 from tito_agents.errors import (
     MalformedResponseError,
 )
@@ -89,6 +91,20 @@ def _id_array(text: bytes | memoryview) -> IdArray | None:
     if values.max() > _MAX_ID:  # numpy saturates at 2**63 - 1, so this sees every overflow
         return None
     return values.astype(np.int32)
+
+
+def _chat_logprob_values(text: bytes | memoryview) -> LogprobArray | None:
+    """The float32 `logprob` of each entry of the text between the brackets of a chat
+    `logprobs.content` array, or None when only the full parse can say.
+
+    The C helper validates the whole text as JSON and reads each number correctly rounded, so an
+    answer is bit for bit what the full parse gives (`float32(entry["logprob"])`); it declines
+    whatever it cannot be sure of (a missing or integer `logprob`, a key spelled with escapes,
+    invalid JSON...). Without the helper there is no faster exact reading: always None."""
+    if _speedups is None:
+        return None
+    values = _speedups.chat_logprobs(text)
+    return None if values is None else np.frombuffer(values, dtype=np.float32)
 
 
 def _parse_int_text(segment: bytes) -> npt.NDArray[np.int64]:
@@ -243,6 +259,11 @@ class _BodySegments:
         if ids is None:
             raise _FallBack
         return ids
+
+    def logprobs(self, marker: str) -> LogprobArray | None:
+        """The logprobs of a cut-out chat `logprobs.content` array read from its bytes, or None
+        when `_chat_logprob_values` cannot be sure: then `logprob_entries` parses them."""
+        return _chat_logprob_values(self._segment(marker))
 
     def logprob_entries(self, marker: str) -> list[Any]:
         """The entries of a cut-out chat `logprobs.content` array (parsed only when asked for)."""

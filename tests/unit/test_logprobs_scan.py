@@ -1,0 +1,362 @@
+"""Chat logprobs read from the body bytes (`_speedups.chat_logprobs`) against the reference: the
+full parse (orjson, then `float32(entry["logprob"])`), bit for bit.
+
+The scan may decline (None) anything; what it answers must be exactly what the full parse gives.
+It must also answer for everything vLLM writes, or it saves nothing. The parser tests run a body
+both ways (the C helper, and without it: the full parse) and compare every result and error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tito_agents import _speedups
+from tito_agents._capture.chat.parser import _chat_logprobs
+from tito_agents._capture.wire import ResponseParser, fastpath, prepare_request
+from tito_agents.calls import Endpoint
+from tito_agents.errors import MalformedResponseError
+
+
+def scan(text: bytes) -> np.ndarray | None:
+    out = _speedups.chat_logprobs(text)
+    return None if out is None else np.frombuffer(out, dtype=np.float32)
+
+
+def reference(text: bytes) -> np.ndarray | str:
+    """The full parse: the logprobs, or what went wrong (which the scan must leave to it)."""
+    try:
+        entries = orjson.loads(b"[" + text + b"]")
+    except orjson.JSONDecodeError:
+        return "invalid JSON"
+    try:
+        values = _chat_logprobs({"content": entries}, "logprobs")
+    except MalformedResponseError:
+        return "malformed"
+    except Warning:  # pytest turns numpy's float32 overflow warning into an error
+        return "warning"
+    assert values is not None
+    return values
+
+
+def same_bits(got: np.ndarray, want: np.ndarray | str) -> bool:
+    return (
+        isinstance(want, np.ndarray)
+        and got.shape == want.shape
+        and got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    )
+
+
+def check(text: bytes) -> np.ndarray | None:
+    """The scan of `text`, asserted equal to the full parse whenever it answers."""
+    got = scan(text)
+    if got is not None:
+        assert same_bits(got, reference(text)), text
+    return got
+
+
+# ---- entries as vLLM writes them, and as any JSON writer could ----
+
+tokens = st.text(max_size=8) | st.sampled_from(['"', "\\", "\n", "\x1d", "\u2028", "é", "😀", ""])
+finite_logprobs = st.floats(-1e30, 1e30)  # far from float32 overflow (declined, tested below)
+vllm_logprobs = (
+    st.floats(-30.0, 0.0)
+    | st.floats(-30.0, 0.0, width=32)  # vLLM's logprobs are float32 values written as doubles
+    | st.sampled_from([-9999.0, -0.0, 0.0, -5.29852819442749, -5.224366664886475, -1e-45])
+    | finite_logprobs
+)
+
+
+def spellings(value: float) -> st.SearchStrategy[str]:
+    """Ways a JSON writer may spell a float: shortest repr, exponents of either case and sign,
+    more digits than needed."""
+    return st.sampled_from(
+        [
+            repr(value),
+            f"{value:.17e}",
+            f"{value:.20E}",
+            f"{value:.25f}" if abs(value) < 1e6 else repr(value),
+            f"{value:e}".replace("e", "e+") if "e-" not in f"{value:e}" else f"{value:e}",
+            f"{value:.3e}",
+        ]
+    )
+
+
+class Number(str):
+    """A number's JSON text, written as is."""
+
+
+@st.composite
+def entry(draw: st.DrawFn, top: bool = True) -> dict[str, Any]:
+    """A logprob entry: its fields in any order, some null, its logprob spelled in any way."""
+    value = draw(vllm_logprobs)
+    fields: dict[str, Any] = {
+        "token": draw(tokens),
+        "logprob": Number(draw(spellings(value))),
+        "bytes": draw(st.none() | st.lists(st.integers(0, 255), max_size=4)),
+    }
+    if top:
+        fields["top_logprobs"] = draw(st.none() | st.lists(entry(top=False), max_size=3))
+    keys = draw(st.permutations(list(fields)))
+    return {k: fields[k] for k in keys}
+
+
+def write(entries: list[dict[str, Any]], ascii_only: bool, space: str) -> bytes:
+    """The entries as JSON text, `space` around every comma and colon and at both ends."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, Number):
+            return str(v)
+        if isinstance(v, dict):
+            items = (f"{json.dumps(k)}{space}:{space}{value(x)}" for k, x in v.items())
+            return "{" + f",{space}".join(items) + "}"
+        if isinstance(v, list):
+            return "[" + f",{space}".join(value(x) for x in v) + "]"
+        return json.dumps(v, ensure_ascii=ascii_only)
+
+    return (space + f",{space}".join(map(value, entries)) + space).encode()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    entries=st.lists(entry(), max_size=12),
+    ascii_only=st.booleans(),
+    space=st.sampled_from(["", " ", "\n  ", "\t", "\r\n"]),
+)
+def test_every_entry_list_is_read_exactly(
+    entries: list[dict[str, Any]], ascii_only: bool, space: str
+) -> None:
+    text = write(entries, ascii_only, space)
+    got = check(text)
+    want = reference(text)
+    if isinstance(want, np.ndarray) and not np.isinf(want).any():
+        assert got is not None  # a plain entry list: the scan must answer, not decline
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(vllm_logprobs, max_size=40),
+    tops=st.integers(0, 5),
+)
+def test_vllm_shaped_entries_are_read_exactly(values: list[float], tops: int) -> None:
+    entries = [
+        {
+            "token": f"t{i}é",
+            "logprob": v,
+            "bytes": [116, 195, 169],
+            "top_logprobs": [{"token": "x", "logprob": v, "bytes": [120]}] * tops,
+        }
+        for i, v in enumerate(values)
+    ]
+    text = orjson.dumps(entries)[1:-1]
+    got = check(text)
+    assert got is not None
+    assert got.tolist() == np.array(values, dtype=np.float32).tolist()
+
+
+ALPHABET = list(b'{}[]",:.-+eE0123456789 \\u\x00\x1f\x7f\xc3\xa9\xed\xa0\xff') + list(b"logprob")
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    entries=st.lists(entry(), min_size=1, max_size=3),
+    edits=st.lists(
+        st.tuples(st.integers(0, 10_000), st.sampled_from(ALPHABET), st.sampled_from("idr")),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_damaged_text_is_declined_or_read_exactly(
+    entries: list[dict[str, Any]], edits: list[tuple[int, int, str]]
+) -> None:
+    """Random byte edits (most make invalid JSON, some a different valid one): the scan answers
+    only what the full parse gives, and declines whatever the full parse refuses."""
+    text = bytearray(write(entries, ascii_only=False, space=""))
+    for at, byte, how in edits:
+        at %= len(text) + 1
+        if how == "i":
+            text[at:at] = bytes([byte])
+        elif how == "d":
+            del text[at : at + 1]
+        else:
+            text[at : at + 1] = bytes([byte])
+    got = check(bytes(text))
+    if not isinstance(reference(bytes(text)), np.ndarray):
+        assert got is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"logprob":-1}',  # a JSON integer: a Python int in the full parse
+        b'{"logprob":-0}',
+        b'{"logprob":123456789012345678901234567890}',
+        b'{"token":"a"}',  # no logprob: KeyError in the full parse
+        b"{}",
+        b"null",
+        b"[]",
+        b'"x"',
+        b'{"logprob":null}',
+        b'{"logprob":"-1.5"}',
+        b'{"logprob":true}',
+        b'{"logprob":-1.5,"logprob":-2.5}',  # repeated: the full parse keeps the last
+        b'{"log\\u0070rob":-1.5}',  # the key spelled with an escape
+        b'{"token":"\\ud800","logprob":-1.5}',  # lone surrogates: orjson refuses them
+        b'{"token":"\\udc00","logprob":-1.5}',
+        b'{"token":"\\ud800\\u0041","logprob":-1.5}',
+        b'{"token":"\\ud800\\ud800","logprob":-1.5}',
+        b'{"token":"\xed\xa0\x80","logprob":-1.5}',  # an encoded surrogate: not UTF-8
+        b'{"token":"\xc0\x80","logprob":-1.5}',  # overlong
+        b'{"token":"\xf4\x90\x80\x80","logprob":-1.5}',  # beyond U+10FFFF
+        b'{"token":"\xc3","logprob":-1.5}',  # truncated
+        b'{"token":"a\x01","logprob":-1.5}',  # a control character
+        b'{"token":"\\x","logprob":-1.5}',
+        b'{"logprob":1e400}',  # infinite: orjson refuses it
+        b'{"logprob":-1.5,"top_logprobs":[{"logprob":-1e400}]}',  # anywhere
+        b'{"logprob":-1.5,"x":1' + b"0" * 400 + b"}",
+        b'{"logprob":-1.5,"x":1' + b"0" * 400 + b".5}",
+        b'{"logprob":-1e39}',  # a double beyond float32: numpy warns
+        b'{"logprob":-3.4028235e38}',  # just beyond float32's max (rounds to it): declined
+        b'{"logprob":NaN}',
+        b'{"logprob":-Infinity}',
+        b'{"logprob":01.5}',
+        b'{"logprob":1.}',
+        b'{"logprob":.5}',
+        b'{"logprob":-1.5},',  # a trailing comma
+        b',{"logprob":-1.5}',
+        b'{"logprob":-1.5}{"logprob":-1.5}',
+        b'{"logprob":-1.5,}',
+        b'{"logprob":-1.5,"x":' + b"[" * 40 + b"]" * 40 + b"}",  # deeper than the scan goes
+        b'{"logprob":-1.5,"x":tru}',
+        b'{"logprob":-1.5,"x":[1,2,]}',
+        b'{"logprob":-1.5} \x0c',
+    ],
+)
+def test_what_only_the_full_parse_can_say_is_declined(text: bytes) -> None:
+    assert scan(text) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (b"", []),
+        (b" \n", []),
+        (b'{"logprob":-0.0}', [-0.0]),
+        (b'{"logprob":-9999.0}', [-9999.0]),
+        (b'{"logprob":-1e-400}', [-0.0]),  # underflows to a signed zero, as in orjson
+        (b'{"logprob":-3.4028234663852886e38}', [-3.4028234663852886e38]),  # float32's max
+        (b'{"logprob":-2.4703282292062328e-324}', [-0.0]),
+        (b'{"logprob":-9007199254740993.0}', [-9007199254740992.0]),  # past 2**53
+        (b'{"logprob":-0.1000000000000000055511151231257827}', [-0.1]),
+        (b'{"logprob":-1E+2}', [-100.0]),
+        (b'{ "logprob" : -1.5 , "bytes" : null } , {"logprob":-2.5e-0}', [-1.5, -2.5]),
+        (b'{"token":"\\ud83d\\ude00","logprob":-1.5}', [-1.5]),  # a surrogate pair
+        (b'{"token":"\\u00e9\\"]},\\\\","logprob":-1.5,"top_logprobs":[{}]}', [-1.5]),
+    ],
+)
+def test_edge_numbers_are_read_exactly(text: bytes, want: list[float]) -> None:
+    got = check(text)
+    assert got is not None
+    assert got.tolist() == np.array(want, dtype=np.float32).tolist()
+    assert [math.copysign(1, v) for v in got.tolist()] == [math.copysign(1, v) for v in want]
+
+
+# ---- the chat parser, both ways ----
+
+
+@contextmanager
+def without_helper() -> Iterator[None]:
+    saved = fastpath._speedups
+    fastpath._speedups = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        fastpath._speedups = saved
+
+
+def chat_body(content: bytes, ids: list[int]) -> bytes:
+    """A vLLM 0.32-shaped chat body, long enough to be cut, with `content` as the entries."""
+    prompt = ",".join(str(i % 50_000) for i in range(700)).encode()
+    return (
+        b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{'
+        b'"index":0,"message":{"role":"assistant","content":"x"},"logprobs":{"content":['
+        + content
+        + b']},"finish_reason":"stop","stop_reason":null,"token_ids":['
+        + ",".join(map(str, ids)).encode()
+        + b'],"routed_experts":null}],"usage":{"prompt_tokens":700,"completion_tokens":'
+        + str(len(ids)).encode()
+        + b',"total_tokens":1},"prompt_logprobs":null,"prompt_token_ids":['
+        + prompt
+        + b"]}"
+    )
+
+
+def parse(body: bytes, *, added: bool) -> tuple[Any, bytes | None]:
+    """The choices of `body` (or the error) and the caller's copy; `added`: capture asked for
+    the logprobs (the caller did not)."""
+    request = b'{"model":"m","messages":[]' + (b"}" if added else b',"logprobs":true}')
+    prepared = prepare_request(Endpoint.CHAT, request, capture_logprobs=added)
+    assert prepared is not None
+    parser = ResponseParser(prepared[1])
+    try:
+        choices = parser.parse_body(body)
+    except MalformedResponseError as exc:
+        return ("raised", str(exc)), None
+    return [
+        (
+            c.sampled_ids.tolist() if c.sampled_ids is not None else None,
+            c.logprobs.view(np.uint32).tolist() if c.logprobs is not None else None,
+            c.logprobs.dtype if c.logprobs is not None else None,
+            repr(c.error),
+        )
+        for c in choices
+    ], parser.caller_body()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    entries=st.lists(entry(), max_size=8),
+    extra=st.integers(-1, 1),
+    added=st.booleans(),
+    damage=st.none() | st.tuples(st.integers(0, 10_000), st.sampled_from(ALPHABET)),
+)
+def test_chat_bodies_parse_the_same_with_and_without_the_scan(
+    entries: list[dict[str, Any]],
+    extra: int,
+    added: bool,
+    damage: tuple[int, int] | None,
+) -> None:
+    """Results, errors and the caller's copy are the same whether the scan reads the logprobs or
+    the entries are parsed whole (also for counts that do not match, and damaged entries)."""
+    content = bytearray(write(entries, ascii_only=False, space=""))
+    if damage is not None:
+        at, byte = damage
+        at %= len(content) + 1
+        content[at:at] = bytes([byte])
+    body = chat_body(bytes(content), list(range(3, 3 + max(0, len(entries) + extra))))
+    fast = parse(body, added=added)
+    with without_helper():
+        assert parse(body, added=added) == fast
+
+
+def test_the_scan_reads_a_vllm_body() -> None:
+    """The fast path is taken for what vLLM sends (a decline would cost the full parse)."""
+    entries = b",".join(
+        b'{"token":"t%d","logprob":-%d.25,"bytes":[116],"top_logprobs":[]}' % (i, i)
+        for i in range(20)
+    )
+    segments = fastpath._BodySegments.split(chat_body(entries, list(range(20))))
+    assert segments is not None
+    got = fastpath._chat_logprob_values(segments._raw[0])
+    assert got is not None and got.tolist() == [-i - 0.25 for i in range(20)]
+    with without_helper():
+        assert fastpath._chat_logprob_values(segments._raw[0]) is None

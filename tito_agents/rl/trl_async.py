@@ -69,12 +69,16 @@ from typing import Any, Literal
 import numpy as np
 
 from tito_agents.collector import Collector
-from tito_agents.config import AssemblyMode
 from tito_agents.convert import to_trl_rollout_samples
 from tito_agents.episodes import Episode
-from tito_agents.errors import ConfigurationError
 from tito_agents.rl.trl_engine import check_trl_version
-from tito_agents.rl.trl_rollout import AGENT_FIX, Agent, EpisodeSplitError, episode_sample
+from tito_agents.rl.trl_rollout import (
+    AGENT_FIX,
+    Agent,
+    EpisodeSplitError,
+    episode_sample,
+    require_merged_logprobs,
+)
 from tito_agents.samples import Sample
 
 logger = logging.getLogger(__name__)
@@ -148,17 +152,11 @@ class TitoRolloutWorker:
         linked: Linked = "rows",
         sessions: bool | None = None,
     ) -> None:
-        settings = collector.settings
-        if settings.assembly not in (AssemblyMode.MERGED, AssemblyMode.BOTH):
-            raise ConfigurationError(
-                "TitoRolloutWorker builds rows from merged samples: create the collector with "
-                f"assembly='merged' (it has {settings.assembly.value!r})"
-            )
-        if not settings.capture_logprobs:
-            raise ConfigurationError(
-                "AsyncGRPO trains on the old policy's logprobs (RolloutSample.old_log_probs): "
-                "create the collector with capture_logprobs=True"
-            )
+        require_merged_logprobs(
+            collector,
+            "TitoRolloutWorker builds rows from merged samples",
+            "AsyncGRPO trains on the old policy's logprobs (RolloutSample.old_log_probs)",
+        )
         if num_generations < 1:
             raise ValueError(f"num_generations must be >= 1, got {num_generations}")
         if max_inflight_groups < 1:

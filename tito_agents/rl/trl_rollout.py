@@ -146,6 +146,19 @@ class _LoopThread:
         self.loop.close()
 
 
+def require_merged_logprobs(collector: Collector, merged_why: str, logprobs_why: str) -> None:
+    """Refuse a collector a TRL adapter cannot build rows from: rows come from merged samples and
+    carry the rollout logprobs (`ConfigurationError`, saying why and what to change)."""
+    settings = collector.settings
+    if settings.assembly not in (AssemblyMode.MERGED, AssemblyMode.BOTH):
+        raise ConfigurationError(
+            f"{merged_why}: create the collector with assembly='merged' "
+            f"(it has {settings.assembly.value!r})"
+        )
+    if not settings.capture_logprobs:
+        raise ConfigurationError(f"{logprobs_why}: create the collector with capture_logprobs=True")
+
+
 class TrlRollout:
     """`rollout_func(prompts, trainer)` for TRL's `GRPOTrainer`, from `agent` and `collector`.
 
@@ -181,17 +194,12 @@ class TrlRollout:
         lag: int = 0,
         rows: Rows | None = None,
     ) -> None:
-        settings = collector.settings
-        if settings.assembly not in (AssemblyMode.MERGED, AssemblyMode.BOTH):
-            raise ConfigurationError(
-                "TrlRollout needs one sample per episode: create the collector with "
-                f"assembly='merged' (it has {settings.assembly.value!r})"
-            )
-        if not settings.capture_logprobs:
-            raise ConfigurationError(
-                "TrlRollout returns the old policy's logprobs, which TRL's importance-sampling "
-                "correction needs: create the collector with capture_logprobs=True"
-            )
+        require_merged_logprobs(
+            collector,
+            "TrlRollout needs one sample per episode",
+            "TrlRollout returns the old policy's logprobs, which TRL's importance-sampling "
+            "correction needs",
+        )
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if lag not in (0, 1):

@@ -180,9 +180,8 @@ class SampleProcessor:
                 stats.late_calls += len(calls)
                 return
             stats.duplicate_calls += len(calls) - recorded.added
-            if (
-                recorded.added
-            ):  # a re-delivered response (every call id already seen) is no new call
+            # a re-delivered response (every call id already seen) is no new call
+            if recorded.added:
                 counts = count_calls(calls)
                 stats.complete_calls += counts.complete
                 stats.incomplete_calls += counts.incomplete

@@ -157,10 +157,12 @@ static PyObject *parse_ids(PyObject *self, PyObject *arg) {
 
 /* ---- chat logprob entries: the `logprob` of each, without building the entries ----
  *
- * `chat_logprobs(data)` takes the text between the brackets of a chat `logprobs.content` array
- * and returns a bytearray of native float32 values, one per entry, or None when it cannot be sure
- * the full parse (orjson, then `float32(entry["logprob"])`) gives exactly these: then the caller
- * takes that parse, which also names any problem. So the scan validates the whole text as JSON
+ * `chat_logprobs(data, start)` reads the entries of a chat `logprobs.content` array in `data`
+ * from `start` (just after its opening bracket) to its closing bracket, and returns where that
+ * bracket is and a bytearray of native float32 values, one per entry; or None when it cannot be
+ * sure the full parse (orjson, then `float32(entry["logprob"])`) gives exactly these: then the
+ * caller takes that parse, which also names any problem. Finding the end as it reads is what lets
+ * the caller cut the array out of a body without searching the entries' bytes for it first. So the scan validates the whole text as JSON
  * (strict UTF-8, no control characters in strings, no leading zeros...) and refuses, rather than
  * decides, anything outside the plain shape vLLM writes: an entry that is no object, a `logprob`
  * that is missing, repeated, integer, infinite or not a number, a key spelled with an escape,
@@ -272,8 +274,11 @@ static int scan_string(Scan *s, int *escaped) {
     }
 }
 
-/* A JSON number at s->p: 1 when valid, 0 otherwise; `is_float` says it has a fraction or an
- * exponent (a JSON integer parses to a Python int, not read here). */
+#define FRACTION 1
+#define EXPONENT 2
+
+/* A JSON number at s->p: 1 when valid, 0 otherwise; `is_float` says whether it has a FRACTION
+ * or an EXPONENT (a JSON integer parses to a Python int, not read here). */
 static int scan_number(Scan *s, int *is_float) {
     const unsigned char *p = s->p, *end = s->end;
     *is_float = 0;
@@ -287,19 +292,56 @@ static int scan_number(Scan *s, int *is_float) {
         return 0;
     }
     if (p < end && *p == '.') {
-        *is_float = 1;
+        *is_float = FRACTION;
         p++;
         if (p >= end || *p < '0' || *p > '9') return 0;
         while (p < end && *p >= '0' && *p <= '9') p++;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
-        *is_float = 1;
+        *is_float |= EXPONENT;
         p++;
         if (p < end && (*p == '+' || *p == '-')) p++;
         if (p >= end || *p < '0' || *p > '9') return 0;
         while (p < end && *p >= '0' && *p <= '9') p++;
     }
     s->p = p;
+    return 1;
+}
+
+/* Whether the bytes at p (`left` of them there) begin with `text`, a literal (so the compare is
+ * inlined). */
+#define IS_AT(p, left, text) ((left) >= (Py_ssize_t)sizeof(text) - 1 && \
+                              memcmp((p), (text), sizeof(text) - 1) == 0)
+
+/* An object key at s->p (its opening quote): 1 when valid, 0 otherwise. The keys of vLLM's
+ * logprob entries are compared whole first (a plain ASCII key is valid as it stands), which spares
+ * the byte loop for most; `escaped` as in scan_string, `is_logprob` when the key is "logprob". */
+static inline int scan_key(Scan *s, int *escaped, int *is_logprob) {
+    const unsigned char *p = s->p;
+    Py_ssize_t left = s->end - p, length = 0;
+    *escaped = 0;
+    *is_logprob = 0;
+    if (left > 1) {
+        switch (p[1]) {
+        case 'l':
+            if (IS_AT(p, left, "\"logprob\"")) length = 9, *is_logprob = 1;
+            break;
+        case 't':
+            if (IS_AT(p, left, "\"token\"")) length = 7;
+            else if (IS_AT(p, left, "\"top_logprobs\"")) length = 14;
+            break;
+        case 'b':
+            if (IS_AT(p, left, "\"bytes\"")) length = 7;
+            break;
+        }
+    }
+    if (length) {
+        s->p += length;
+        return 1;
+    }
+    const unsigned char *key = p + 1;
+    if (!scan_string(s, escaped)) return 0;
+    *is_logprob = s->p - 1 - key == 7 && memcmp(key, "logprob", 7) == 0;
     return 1;
 }
 
@@ -319,8 +361,8 @@ static int scan_container(Scan *s, int depth) {
     }
     for (;;) {
         if (object) {
-            int escaped;
-            if (s->p >= s->end || *s->p != '"' || !scan_string(s, &escaped)) return 0;
+            int escaped, is_logprob;
+            if (s->p >= s->end || *s->p != '"' || !scan_key(s, &escaped, &is_logprob)) return 0;
             skip_ws(s);
             if (s->p >= s->end || *s->p != ':') return 0;
             s->p++;
@@ -361,8 +403,7 @@ static int scan_value(Scan *s, int depth) {
         Py_ssize_t length = s->p - start;
         /* a JSON parser refuses a number that is infinite as a double: read the ones that could
          * be (an exponent, or 300 digits and more) */
-        if (length >= 300 || memchr(start, 'e', (size_t)length) ||
-            memchr(start, 'E', (size_t)length)) {
+        if (length >= 300 || (is_float & EXPONENT)) {
             double value;
             return read_double(start, length, &value);
         }
@@ -448,10 +489,9 @@ static int scan_entry(Scan *s, float *logprob) {
     skip_ws(s);
     if (s->p < s->end && *s->p == '}') return 0; /* no logprob */
     for (;;) {
-        const unsigned char *key = s->p + 1;
-        int escaped;
-        if (s->p >= s->end || *s->p != '"' || !scan_string(s, &escaped) || escaped) return 0;
-        int is_logprob = s->p - 1 - key == 7 && memcmp(key, "logprob", 7) == 0;
+        int escaped, is_logprob;
+        if (s->p >= s->end || *s->p != '"' || !scan_key(s, &escaped, &is_logprob) || escaped)
+            return 0;
         skip_ws(s);
         if (s->p >= s->end || *s->p != ':') return 0;
         s->p++;
@@ -480,14 +520,26 @@ static int scan_entry(Scan *s, float *logprob) {
     }
 }
 
-static PyObject *chat_logprobs(PyObject *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) {
+static PyObject *chat_logprobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "chat_logprobs(data, start) takes 2 arguments");
         return NULL;
     }
-    Scan s = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
-    /* at most one entry per 14 bytes ({"logprob":0.0}) */
-    Py_ssize_t capacity = view.len / 14 + 1;
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    if (start < 0 || start > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "start is outside the data");
+        return NULL;
+    }
+    const unsigned char *base = (const unsigned char *)view.buf;
+    Scan s = {base + start, base + view.len};
+    /* at most one entry per 15 bytes ({"logprob":0.0},) */
+    Py_ssize_t capacity = (view.len - start) / 14 + 1;
     PyObject *out = PyByteArray_FromStringAndSize(NULL, capacity * (Py_ssize_t)sizeof(float));
     if (out == NULL) {
         PyBuffer_Release(&view);
@@ -495,27 +547,25 @@ static PyObject *chat_logprobs(PyObject *self, PyObject *arg) {
     }
     float *values = (float *)PyByteArray_AS_STRING(out);
     Py_ssize_t n = 0;
-    int sure = 1;
+    int sure = 0;
     skip_ws(&s);
-    while (s.p < s.end) {
-        if (n >= capacity || !scan_entry(&s, &values[n])) {
-            sure = 0;
-            break;
-        }
-        n++;
-        skip_ws(&s);
-        if (s.p >= s.end) break;
-        if (*s.p != ',') {
-            sure = 0;
-            break;
-        }
-        s.p++;
-        skip_ws(&s);
-        if (s.p >= s.end) { /* a trailing comma */
-            sure = 0;
-            break;
+    if (s.p < s.end && *s.p == ']') {
+        sure = 1; /* no entries */
+    } else {
+        while (n < capacity && scan_entry(&s, &values[n])) {
+            n++;
+            skip_ws(&s);
+            if (s.p >= s.end) break;
+            if (*s.p == ']') {
+                sure = 1;
+                break;
+            }
+            if (*s.p != ',') break;
+            s.p++;
+            skip_ws(&s);
         }
     }
+    Py_ssize_t end = s.p - base;
     PyBuffer_Release(&view);
     if (!sure) {
         Py_DECREF(out);
@@ -525,14 +575,15 @@ static PyObject *chat_logprobs(PyObject *self, PyObject *arg) {
         Py_DECREF(out);
         return NULL;
     }
-    return out;
+    return Py_BuildValue("(nN)", end, out);
 }
 
 static PyMethodDef methods[] = {
     {"parse_ids", parse_ids, METH_O,
      "parse_ids(data) -> bytearray | None: native int32 ids of a JSON id list's inner text."},
-    {"chat_logprobs", chat_logprobs, METH_O,
-     "chat_logprobs(data) -> bytearray | None: native float32 logprobs of chat entries' text."},
+    {"chat_logprobs", (PyCFunction)(void (*)(void))chat_logprobs, METH_FASTCALL,
+     "chat_logprobs(data, start) -> (end, bytearray) | None: the float32 logprobs of the chat\n"
+     "entries from `start` (just after the array's '[') and where the array closes."},
     {NULL, NULL, 0, NULL},
 };
 

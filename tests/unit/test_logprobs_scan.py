@@ -28,8 +28,12 @@ from tito_agents.errors import MalformedResponseError
 
 
 def scan(text: bytes) -> np.ndarray | None:
-    out = _speedups.chat_logprobs(text)
-    return None if out is None else np.frombuffer(out, dtype=np.float32)
+    """The scan of `text` as the entries of an array: None unless it reads them all and stops
+    at the array's closing bracket (an earlier bracket ends other entries than `text`'s)."""
+    out = _speedups.chat_logprobs(b"[" + text + b"]", 1)
+    if out is None or out[0] != len(text) + 1:
+        return None
+    return np.frombuffer(out[1], dtype=np.float32)
 
 
 def reference(text: bytes) -> np.ndarray | str:
@@ -239,6 +243,14 @@ def test_damaged_text_is_declined_or_read_exactly(
         b'{"logprob":-1.5,"x":tru}',
         b'{"logprob":-1.5,"x":[1,2,]}',
         b'{"logprob":-1.5} \x0c',
+        b'{"logprob":-1.5,"logprob":-1.5}',  # repeated
+        b'{"logprobs":-1.5}',  # near misses of the keys compared whole: no logprob
+        b'{"logprob ":-1.5}',
+        b'{"top_logprobs":[{"logprob":-1.5}]}',
+        b'{"log\\u0070rob":-1.5}',
+        b'{"logprob":-1.5,"token":"a","bytes":[1],"top_logprobs":[],"logprob":-2.5}',
+        b'{"logprob":-1.5,"token',  # cut inside a key compared whole
+        b'{"logprob',
     ],
 )
 def test_what_only_the_full_parse_can_say_is_declined(text: bytes) -> None:
@@ -261,6 +273,8 @@ def test_what_only_the_full_parse_can_say_is_declined(text: bytes) -> None:
         (b'{ "logprob" : -1.5 , "bytes" : null } , {"logprob":-2.5e-0}', [-1.5, -2.5]),
         (b'{"token":"\\ud83d\\ude00","logprob":-1.5}', [-1.5]),  # a surrogate pair
         (b'{"token":"\\u00e9\\"]},\\\\","logprob":-1.5,"top_logprobs":[{}]}', [-1.5]),
+        (b'{"tokens":1,"token":"t","top_logprobs":[{"logprob":-9.5}],"logprob":-1.5}', [-1.5]),
+        (b'{"bytes":[],"byte":[1],"logprob":-1.5,"logprobs":-2.5,"logprob_":null}', [-1.5]),
     ],
 )
 def test_edge_numbers_are_read_exactly(text: bytes, want: list[float]) -> None:
@@ -283,14 +297,17 @@ def without_helper() -> Iterator[None]:
         fastpath._speedups = saved
 
 
-def chat_body(content: bytes, ids: list[int]) -> bytes:
-    """A vLLM 0.32-shaped chat body, long enough to be cut, with `content` as the entries."""
+def chat_body(content: bytes, ids: list[int], after: bytes = b"") -> bytes:
+    """A vLLM 0.32-shaped chat body, long enough to be cut, with `content` as the entries and
+    `after` after them in the logprobs object."""
     prompt = ",".join(str(i % 50_000) for i in range(700)).encode()
     return (
         b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{'
         b'"index":0,"message":{"role":"assistant","content":"x"},"logprobs":{"content":['
         + content
-        + b']},"finish_reason":"stop","stop_reason":null,"token_ids":['
+        + b"]"
+        + after
+        + b'},"finish_reason":"stop","stop_reason":null,"token_ids":['
         + ",".join(map(str, ids)).encode()
         + b'],"routed_experts":null}],"usage":{"prompt_tokens":700,"completion_tokens":'
         + str(len(ids)).encode()
@@ -348,15 +365,33 @@ def test_chat_bodies_parse_the_same_with_and_without_the_scan(
         assert parse(body, added=added) == fast
 
 
+@pytest.mark.parametrize("after", [b',"refusal":null', b" ", b',"content":[]', b',"x":"]},"'])
+@pytest.mark.parametrize("added", [False, True])
+def test_what_follows_the_entries_changes_nothing(after: bytes, added: bool) -> None:
+    """The scan finds the entries' end itself; the full parse needs vLLM's layout after them
+    (here not met): both give the same results and the same caller's copy."""
+    entries = b'{"token":"a","logprob":-1.5,"bytes":[97],"top_logprobs":[]}'
+    body = chat_body(b",".join([entries] * 3), [5, 6, 7], after)
+    fast = parse(body, added=added)
+    with without_helper():
+        assert parse(body, added=added) == fast
+    want = [] if b"content" in after else [-1.5] * 3  # a repeated key: the last one counts
+    assert fast[0][0][1] == np.array(want, dtype=np.float32).view(np.uint32).tolist()
+
+
 def test_the_scan_reads_a_vllm_body() -> None:
     """The fast path is taken for what vLLM sends (a decline would cost the full parse)."""
     entries = b",".join(
         b'{"token":"t%d","logprob":-%d.25,"bytes":[116],"top_logprobs":[]}' % (i, i)
         for i in range(20)
     )
-    segments = fastpath._BodySegments.split(chat_body(entries, list(range(20))))
+    body = chat_body(entries, list(range(20)))
+    segments = fastpath._BodySegments.split(body)
     assert segments is not None
-    got = fastpath._chat_logprob_values(segments._raw[0])
+    got = segments.logprobs(fastpath._MARK + "0")
     assert got is not None and got.tolist() == [-i - 0.25 for i in range(20)]
+    assert bytes(segments._raw[0]) == entries
     with without_helper():
-        assert fastpath._chat_logprob_values(segments._raw[0]) is None
+        segments = fastpath._BodySegments.split(body)
+        assert segments is not None and bytes(segments._raw[0]) == entries
+        assert segments.logprobs(fastpath._MARK + "0") is None

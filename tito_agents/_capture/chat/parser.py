@@ -186,7 +186,7 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         unexpected falls back to parsing it whole, which also produces the precise error.
         """
         self._body = body
-        segments = _BodySegments.split(body)
+        segments = _BodySegments.split(body, entries=self._logprobs)
         try:
             payload = orjson.loads(segments.skeleton if segments else body)
         except orjson.JSONDecodeError as exc:
@@ -243,7 +243,7 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         if (
             segments is None
         ):  # a short body, parsed whole: cut now, it is joined cheaper than walked
-            segments = _BodySegments.split(self._body, min_size=0)
+            segments = _BodySegments.split(self._body, entries=info.added_logprobs, min_size=0)
             if segments is not None:
                 payload = orjson.loads(segments.skeleton)
         paths = _added_paths(payload, info.added_ids, info.added_logprobs)

@@ -93,18 +93,21 @@ def _id_array(text: bytes | memoryview) -> IdArray | None:
     return values.astype(np.int32)
 
 
-def _chat_logprob_values(text: bytes | memoryview) -> LogprobArray | None:
-    """The float32 `logprob` of each entry of the text between the brackets of a chat
-    `logprobs.content` array, or None when only the full parse can say.
+def _chat_logprob_array(body: bytes, start: int) -> tuple[int, LogprobArray] | None:
+    """Where the chat `logprobs.content` array whose entries begin at `start` in `body` closes,
+    and the float32 `logprob` of each entry; None when only the full parse can say.
 
-    The C helper validates the whole text as JSON and reads each number correctly rounded, so an
-    answer is bit for bit what the full parse gives (`float32(entry["logprob"])`); it declines
-    whatever it cannot be sure of (a missing or integer `logprob`, a key spelled with escapes,
-    invalid JSON...). Without the helper there is no faster exact reading: always None."""
+    The C helper validates the entries as JSON while it reads them, each number correctly
+    rounded, so an answer is bit for bit what the full parse gives (`float32(entry["logprob"])`),
+    and the bracket it stops at is the array's own; it declines whatever it cannot be sure of (a
+    missing or integer `logprob`, a key spelled with escapes, invalid JSON...). Without the helper
+    there is no faster exact reading: always None."""
     if _speedups is None:
         return None
-    values = _speedups.chat_logprobs(text)
-    return None if values is None else np.frombuffer(values, dtype=np.float32)
+    read = _speedups.chat_logprobs(body, start)
+    if read is None:
+        return None
+    return read[0], np.frombuffer(read[1], dtype=np.float32)
 
 
 def _parse_int_text(segment: bytes) -> npt.NDArray[np.int64]:
@@ -133,48 +136,63 @@ class _BodySegments:
     can be found in the server's own strings when `restore` puts the arrays back.
     """
 
-    __slots__ = ("_pieces", "_raw", "skeleton")
+    __slots__ = ("_pieces", "_raw", "_values", "skeleton")
 
-    def __init__(self, pieces: list[bytes], raw: list[memoryview]) -> None:
+    def __init__(
+        self, pieces: list[bytes], raw: list[memoryview], values: dict[int, LogprobArray]
+    ) -> None:
         self._pieces = pieces
         """The body between the cut-out arrays (one more piece than arrays)."""
         self._raw = raw
+        self._values = values
+        """The logprobs of the cut-out entry arrays the C helper read while cutting."""
         parts = [pieces[0]]
         for i in range(len(raw)):
             parts += (_marker(i), pieces[i + 1])
         self.skeleton = b"".join(parts)
 
     @classmethod
-    def split(cls, body: bytes, *, min_size: int = 2048) -> _BodySegments | None:
-        """Cut the id arrays, and the chat logprob entries before them, out of `body` (None when
-        the body is shorter than `min_size`: small bodies parse whole just as fast)."""
+    def split(
+        cls, body: bytes, *, entries: bool = True, min_size: int = 2048
+    ) -> _BodySegments | None:
+        """Cut the id arrays, and the chat logprob entries when `entries`, out of `body` (None
+        when the body is shorter than `min_size`: small bodies parse whole just as fast).
+
+        Entries are cut only when asked for: looking for them in a body that has none would search
+        all of it. Where the C helper reads them, it also finds where they end, so their bytes are
+        read once; otherwise the end is searched for (`_CONTENT_END`, what vLLM writes after
+        them) and they are parsed whole later."""
         if len(body) < min_size:
             return None
         view = memoryview(body)
         pieces: list[bytes] = []
         raw: list[memoryview] = []
+        values: dict[int, LogprobArray] = {}
         pos = 0
-        key = body.find(_ID_KEY)
-        while key != -1:
-            # vLLM writes a choice's logprobs before its token_ids, so entries are only looked for
-            # between the last cut and the next ids: each byte is searched once
-            content = body.find(_CONTENT_KEY, pos, key)
-            if content != -1:
-                start = content + len(_CONTENT_KEY)
-                end = body.find(_CONTENT_END, start, key)
-                if end == -1:
-                    return None
-                close = end + 1  # keep "}" of the logprobs object
-            else:
+        content = body.find(_CONTENT_KEY) if entries else -1
+        while True:
+            # the next cut: the id key before the next entries, else those entries
+            key = body.find(_ID_KEY, pos, len(body) if content == -1 else content)
+            if key != -1:
                 start = key + len(_ID_KEY)
                 end = body.find(b"]", start)
-                if end == -1:
+                if end == -1 or (content != -1 and end > content):
                     return None
-                close = end + 1
-                key = body.find(_ID_KEY, close)
+            elif content != -1:
+                start = content + len(_CONTENT_KEY)
+                read = _chat_logprob_array(body, start)
+                if read is not None:
+                    end, values[len(raw)] = read
+                else:
+                    end = body.find(_CONTENT_END, start)
+                    if end == -1:
+                        return None
+                content = body.find(_CONTENT_KEY, end)
+            else:
+                break
             pieces.append(body[pos : start - 1])
             raw.append(view[start:end])
-            pos = close
+            pos = end + 1
         if not raw:
             return None
         pieces.append(body[pos:])
@@ -183,7 +201,7 @@ class _BodySegments:
             # equal a marker: no markers then. Otherwise every string the skeleton parses to that
             # starts with `_MARK` is a marker this split put exactly where its array was cut out.
             return None
-        return cls(pieces, raw)
+        return cls(pieces, raw, values)
 
     def nulled_at(self, payload: Any, paths: list[Path]) -> set[int] | None:
         """The cut-out arrays that are the whole value at each of `paths` in `payload` (the parsed
@@ -261,9 +279,13 @@ class _BodySegments:
         return ids
 
     def logprobs(self, marker: str) -> LogprobArray | None:
-        """The logprobs of a cut-out chat `logprobs.content` array read from its bytes, or None
-        when `_chat_logprob_values` cannot be sure: then `logprob_entries` parses them."""
-        return _chat_logprob_values(self._segment(marker))
+        """The logprobs of a cut-out chat `logprobs.content` array, read from its bytes while it
+        was cut out, or None when `_chat_logprob_array` could not be sure (or there is no C
+        helper): then `logprob_entries` parses them."""
+        index = self.index_of(marker)
+        if index is None:  # the server's own string: the full parse names the problem
+            raise _FallBack
+        return self._values.get(index)
 
     def logprob_entries(self, marker: str) -> list[Any]:
         """The entries of a cut-out chat `logprobs.content` array (parsed only when asked for)."""

@@ -214,6 +214,41 @@ def _extras(source: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+_READ_FIELDS = frozenset(
+    {*_NEUTRAL, "seed", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words"}
+)
+"""The request fields `resolve` reads (besides a nested `sampling_params`, never cached)."""
+_RESOLVED: dict[tuple[Any, ...], tuple[SamplingParams, str]] = {}
+"""`resolve`'s answers by `_resolve_key`: an agent's requests repeat a handful of sampling dicts,
+and reading one costs more than the rest of a call's span. The values are frozen."""
+_RESOLVED_MAX = 1024
+
+
+def _resolve_key(
+    request: Mapping[str, Any], defaults: Mapping[str, Any] | None
+) -> tuple[Any, ...] | None:
+    """What `resolve` reads of `request` and `defaults`, as a key that tells apart every input
+    it answers differently for (each value with its type: 1, 1.0 and True differ; a float by
+    its `hex`, so -0.0 is not 0.0); None when a value read is not a scalar (a `logit_bias`
+    object, a list, a nested `sampling_params`): those are resolved each time."""
+    key: list[Any] = []
+    for items in (request.items(), () if defaults is None else defaults.items()):
+        for name, value in items:
+            if name not in _READ_FIELDS:
+                if name == "sampling_params":
+                    return None
+                continue
+            kind = type(value)
+            if kind is float:
+                key.append((name, value.hex()))
+            elif kind is int or kind is str or kind is bool or value is None:
+                key.append((name, kind, value))
+            else:
+                return None
+        key.append(None)  # where the request ends and the defaults begin
+    return tuple(key)
+
+
 def resolve(
     request: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
 ) -> tuple[SamplingParams, str]:
@@ -229,6 +264,21 @@ def resolve(
     vLLM's own normalisation follows: 0 < temperature < 0.01 becomes 0.01, greedy switches
     truncation off, and top_k -1 is written 0 (both mean off).
     """
+    key = _resolve_key(request, defaults)
+    if key is None:
+        return _resolve(request, defaults)
+    known = _RESOLVED.get(key)
+    if known is None:
+        known = _resolve(request, defaults)  # what it raises is raised again next time
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[key] = known
+    return known
+
+
+def _resolve(
+    request: Mapping[str, Any], defaults: Mapping[str, Any] | None
+) -> tuple[SamplingParams, str]:
     nested = request.get("sampling_params")
     source: Mapping[str, Any] = nested if isinstance(nested, Mapping) else request
     fallback: Mapping[str, Any] = {} if source is nested else (defaults or {})

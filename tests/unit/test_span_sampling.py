@@ -88,6 +88,28 @@ def test_vllm_normalisation_and_extras() -> None:
         resolve({"temperature": "hot"})
 
 
+def test_resolved_answers_are_reused_only_for_the_same_inputs() -> None:
+    """`resolve` keeps its answers by what it reads: inputs equal in Python but read
+    differently by vLLM (or written differently in a sample) never share one."""
+    assert resolve({"temperature": 0.0, "min_p": -0.0})[0] == resolve({"temperature": 0.0})[0]
+    assert str(resolve({"top_k": 2, "min_p": -0.0})[0].min_p) == "-0.0"
+    assert str(resolve({"top_k": 2, "min_p": 0.0})[0].min_p) == "0.0"
+    assert resolve({"seed": 1})[0].seed == 1
+    with pytest.raises(ValueError):  # a boolean is no number, though True == 1
+        resolve({"seed": True})
+    with pytest.raises(ValueError):  # raised each time: failures are not kept
+        resolve({"seed": True})
+    defaults = {"temperature": 0.2}
+    assert resolve({"top_k": 2}, defaults) == resolve({"top_k": 2}, dict(defaults))
+    defaults["temperature"] = 0.4  # the server's defaults changed: read again
+    assert resolve({"top_k": 2}, defaults)[0].temperature == 0.4
+    assert resolve({"top_k": 2}, None)[1] == FROM_REQUEST
+    request: dict[str, Any] = {"logit_bias": {"5": 1.0}}
+    assert resolve(request)[0].logit_bias == ((5, 1.0),)
+    request["logit_bias"]["5"] = 2.0  # an object value is read each time
+    assert resolve(request)[0].logit_bias == ((5, 2.0),)
+
+
 def test_span_sampling_with_declared_server_and_unreadable_requests() -> None:
     server = ServerSampling({"top_p": 0.9}, PROCESSED_LOGPROBS, declared=True)
     params, source, mode = span_sampling({"temperature": 0.5}, server)

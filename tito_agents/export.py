@@ -30,8 +30,15 @@ from tito_agents import rescore
 from tito_agents._worker import Worker, WorkSource
 from tito_agents.assembly import AssemblyOptions, Divergence, EpisodeContext, assemble
 from tito_agents.assembly.call_messages import attach_call_messages
+from tito_agents.assembly.options import DEFAULT_OPTIONS
 from tito_agents.calls import Call, CallStatus, count_calls
-from tito_agents.config import CollectorSettings, CollectorStats, ErrorMode, SinkErrorMode
+from tito_agents.config import (
+    AssemblyMode,
+    CollectorSettings,
+    CollectorStats,
+    ErrorMode,
+    SinkErrorMode,
+)
 from tito_agents.errors import CaptureError, EpisodeCaptureError, SinkError
 from tito_agents.samples import Sample
 from tito_agents.sinks import Sink, lifecycle
@@ -166,7 +173,9 @@ class SampleProcessor:
 
     @property
     def _cond(self) -> threading.Condition:
-        """The lock of the counters and the queue (the worker's: a new one in a forked child)."""
+        """The lock of the counters and the queue (the worker's: a new one in a forked child).
+        What runs on every call and episode takes it with `acquire` and `release` (C calls)
+        rather than `with` (a Condition's `__enter__` and `__exit__` are Python functions)."""
         return self._worker.cond
 
     # ---- the EpisodeProcessor protocol ----
@@ -174,7 +183,9 @@ class SampleProcessor:
     def on_calls(self, recorded: RecordedCalls) -> None:
         """Count recorded calls; calls outside any episode are queued for the processor's thread."""
         calls = recorded.calls
-        with self._cond:
+        cond = self._cond
+        cond.acquire()  # on every response: see `_cond`
+        try:
             stats = self.stats
             if recorded.late:
                 stats.late_calls += len(calls)
@@ -186,11 +197,9 @@ class SampleProcessor:
                 stats.complete_calls += counts.complete
                 stats.incomplete_calls += counts.incomplete
                 stats.unusable_calls += counts.unusable
-                stats.constrained_calls += sum(
-                    1
-                    for c in calls
-                    if c.status is CallStatus.COMPLETE and c.constrained is not None
-                )
+                for c in calls:
+                    if c.status is CallStatus.COMPLETE and c.constrained is not None:
+                        stats.constrained_calls += 1
             if recorded.outside is None or not recorded.added:
                 return
             self._recent_outside.extend((c.started_at, c.agent) for c in calls)
@@ -204,6 +213,8 @@ class SampleProcessor:
                 self._queued_calls += len(calls)
                 self._worker.start()
                 self._worker.wake(full=self._queued_calls >= EXPORT_BATCH_CALLS)
+        finally:
+            cond.release()
         if full:
             logger.error(
                 "%d calls outside any episode dropped: the processor's queue is full (%d calls) or "
@@ -218,14 +229,14 @@ class SampleProcessor:
         calls = self._calls_to_assemble(episode)
         if rescore.wanted(calls):
             self._count_rescored(_guarded(rescore.rescore, calls))
-        samples, divergences = self._assemble(episode.context, calls)
+        samples, divergences, counts = self._assemble(episode.context, calls)
         sink_error: SinkError | None = None
         if samples:
             try:
                 self.sink.write(samples)
             except Exception as exc:
                 sink_error = self._sink_failed(samples, exc)
-        return self._result(episode, samples, divergences, sink_error)
+        return self._result(episode, samples, divergences, counts, sink_error)
 
     async def aon_end(self, episode: EndedEpisode) -> ExportResult:
         """`on_end` for `async with`: never blocks the event loop."""
@@ -237,14 +248,14 @@ class SampleProcessor:
                 logger.exception("re-scoring constrained calls failed")
                 done = 0
             self._count_rescored((done, calls))
-        samples, divergences = self._assemble(episode.context, calls)
+        samples, divergences, counts = self._assemble(episode.context, calls)
         sink_error: SinkError | None = None
         if samples:
             try:
                 await self.sink.awrite(samples)
             except Exception as exc:
                 sink_error = self._sink_failed(samples, exc)
-        return self._result(episode, samples, divergences, sink_error)
+        return self._result(episode, samples, divergences, counts, sink_error)
 
     # ---- assembly ----
 
@@ -253,9 +264,13 @@ class SampleProcessor:
     ) -> tuple[list[Sample], list[Divergence]]:
         """The samples of `calls` in `context`, in the assembly mode, and where merging split."""
         settings = self.settings
-        options = AssemblyOptions.from_tokenizer(
-            settings.tokenizer, settings.assembly, settings.turn_discount
-        )
+        mode = settings.assembly
+        if mode is AssemblyMode.PER_CALL:  # reads neither the tokenizer's hooks nor the discount
+            options = DEFAULT_OPTIONS
+        else:
+            options = AssemblyOptions.from_tokenizer(
+                settings.tokenizer, mode, settings.turn_discount
+            )
         samples, divergences = assemble(calls, context, options)
         if settings.record_messages:
             attach_call_messages(samples, calls)
@@ -263,10 +278,14 @@ class SampleProcessor:
 
     def _calls_to_assemble(self, episode: EndedEpisode) -> list[Call]:
         """The calls of an ended episode (none when it failed: a failed episode has no samples)."""
-        with self._cond:
+        cond = self._cond
+        cond.acquire()
+        try:
             self.stats.episodes += 1
             if episode.failed:
                 self.stats.failed_episodes += 1
+        finally:
+            cond.release()
         if episode.failed:
             return []
         if not episode.calls and not episode.outside:
@@ -321,12 +340,12 @@ class SampleProcessor:
 
     def _assemble(
         self, context: EpisodeContext, calls: list[Call]
-    ) -> tuple[list[Sample], list[Divergence]]:
+    ) -> tuple[list[Sample], list[Divergence], tuple[int, int]]:
+        """`assemble`, counted in the stats; with the samples' (tokens, trained tokens)."""
         if not calls:
-            return [], []
+            return [], [], (0, 0)
         samples, divergences = self.assemble(context, calls)
-        self._count_samples(samples)
-        return samples, divergences
+        return samples, divergences, self._count_samples(samples)
 
     def _count_rescored(self, outcome: tuple[int, list[Call]]) -> None:
         done, calls = outcome
@@ -343,21 +362,28 @@ class SampleProcessor:
                 reason,
             )
 
-    def _count_samples(self, samples: list[Sample]) -> None:
+    def _count_samples(self, samples: list[Sample]) -> tuple[int, int]:
+        """Count `samples` in the stats; returns their (tokens, trained tokens)."""
         tokens, trained = _token_counts(samples)
-        with self._cond:
+        cond = self._cond
+        cond.acquire()
+        try:
             self.stats.samples += len(samples)
             self.stats.tokens += tokens
             self.stats.trained_tokens += trained
+        finally:
+            cond.release()
+        return tokens, trained
 
     def _result(
         self,
         episode: EndedEpisode,
         samples: list[Sample],
         divergences: list[Divergence],
+        counts: tuple[int, int],
         sink_error: SinkError | None,
     ) -> ExportResult:
-        tokens, trained = _token_counts(samples)
+        tokens, trained = counts
         return ExportResult(
             samples=tuple(samples),
             divergences=tuple(divergences),

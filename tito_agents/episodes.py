@@ -393,7 +393,8 @@ class Episode:
 
     def __enter__(self) -> Episode:
         with self._lock:  # entered once: nested or after its end, `EpisodeStateError`
-            self._refuse_if_ended("a `with`")
+            if self.closed:
+                self._refuse_if_ended("a `with`")
             if self._token is not None:
                 raise EpisodeStateError(f"episode {self.episode_id!r} is already entered")
             self._token = _CURRENT_EPISODE.set(self)
@@ -435,7 +436,8 @@ class Episode:
         """Freeze the episode: later calls are not added. Its calls are counted in the report and
         handed over as one frozen record."""
         with self._lock:
-            self._refuse_if_ended("end()")
+            if self.closed:
+                self._refuse_if_ended("end()")
             self.closed = True
             calls = tuple(self.calls)
             counts = count_calls(calls)
@@ -443,7 +445,7 @@ class Episode:
             report.calls = counts.calls
             report.complete, report.incomplete = counts.complete, counts.incomplete
             report.unusable, report.in_flight = counts.unusable, self._inflight
-            report.errors = [str(e) for e in self.errors]
+            report.errors = list(map(str, self.errors))
             return EndedEpisode(
                 context=self._context(),
                 calls=calls,

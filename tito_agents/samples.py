@@ -376,14 +376,12 @@ def trajectory_id_for(episode_id: str, agent: str | None) -> str:
 
 def sample_id_for(episode_id: str, call_ids: list[str], salt: str = "") -> str:
     """A deterministic id: the same calls of the same episode always give the same sample id."""
-    digest = hashlib.blake2b(digest_size=12)
-    digest.update(episode_id.encode())
-    for call_id in call_ids:
-        digest.update(b"\x00")
-        digest.update(call_id.encode())
+    # the id hashes `episode_id`, then "\x00" + each call id, then "\x01" + the salt if any,
+    # UTF-8 encoded: one text, encoded and hashed at once
+    text = "\x00".join([episode_id, *call_ids])
     if salt:
-        digest.update(b"\x01" + salt.encode())
-    return digest.hexdigest()
+        text += "\x01" + salt
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
 def finite_or_none(value: float | None) -> float | None:

@@ -52,7 +52,10 @@ def policy_logprobs(total: int, placed: Sequence[tuple[int, Call]]) -> LogprobAr
     """The policy's logprob on every trained token of a sample of `total` positions, where
     `placed` lists each call with the position of its first sampled token; None unless some call
     was re-scored and every call has policy logprobs (re-scored, or its free-sampling logprobs)."""
-    if not any(_has_policy(c) for _, c in placed):
+    for _, call in placed:
+        if _has_policy(call):
+            break
+    else:  # the common case, checked call by call
         return None
     out = np.zeros(total, dtype=np.float32)
     for start, call in placed:

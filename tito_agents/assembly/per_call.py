@@ -76,5 +76,6 @@ def sample_of_call(call: Call, episode: EpisodeContext) -> Sample:
 def assemble_per_call(calls: Iterable[Call], episode: EpisodeContext) -> list[Sample]:
     """Per-call samples for every complete call, in request order."""
     complete = [c for c in calls if c.status is CallStatus.COMPLETE]
-    complete.sort(key=lambda c: (c.seq, c.choice_index))
+    if len(complete) > 1:
+        complete.sort(key=lambda c: (c.seq, c.choice_index))
     return [sample_of_call(c, episode) for c in complete]

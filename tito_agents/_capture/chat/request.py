@@ -68,23 +68,17 @@ def prepare_chat(
     wants_logprobs = asked is True if chat else (type(asked) is int and asked >= 0)
     messages = payload.get("messages") if chat else None
     tools = payload.get("tools")
-    sampling = sampling_fields(payload)
     constrained = constraint_of(payload)
     if model is not None:
         added["model"] = orjson.dumps(model)
     new_body = set_members(body, added, payload) if added else None
-    if added:
-        payload.update(
-            (key, _ADDED_VALUES[value]) for key, value in added.items() if key != "model"
-        )
-    if model is not None:
-        payload["model"] = model
+    for key, value in added.items():
+        payload[key] = model if key == "model" else _ADDED_VALUES[value]
     info = RequestInfo(
         endpoint=endpoint,
         stream=bool(stream),
         n=1 if n is None else n,
-        # a request has a handful of keys: test those, not every sampling key
-        sampling={**sampling, **sampling_fields({k: payload[k] for k in added})},
+        sampling=sampling_fields(payload),  # as sent: with what capture added
         wants_logprobs=wants_logprobs,
         messages=messages if type(messages) is list else None,
         tools=tools if type(tools) is list else None,

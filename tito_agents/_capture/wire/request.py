@@ -116,6 +116,10 @@ class RequestInfo:
 
 
 _GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_CONSTRAINING_KEYS = frozenset(
+    {"tool_choice", "response_format", "text", "structured_outputs", *_GUIDED_KEYS}
+)
+"""The fields `constraint_of` reads a constraint from (`tools` alone constrains nothing)."""
 
 
 def constraint_of(payload: dict[str, Any]) -> str | None:
@@ -128,6 +132,8 @@ def constraint_of(payload: dict[str, Any]) -> str | None:
     free), `structured_outputs` (its kind: json, regex, choice, grammar, ...) and the pre-0.12
     `guided_*` fields.
     """
+    if _CONSTRAINING_KEYS.isdisjoint(payload):  # most requests: none of the fields below
+        return None
     choice = payload.get("tool_choice")
     if payload.get("tools") and choice == "required":
         return "tool_choice=required"

@@ -481,6 +481,19 @@ static int read_double(const unsigned char *p, Py_ssize_t length, double *out) {
     return 1;
 }
 
+/* A float `logprob` value at s->p: 1 when sure of its float32, 0 otherwise (not a float, or
+ * infinite as a double or a float32, where the full parse refuses or numpy warns). */
+static int scan_logprob(Scan *s, float *logprob) {
+    const unsigned char *start = s->p;
+    int is_float;
+    if (s->p >= s->end || !scan_number(s, &is_float) || !is_float) return 0;
+    double value;
+    if (!read_double(start, s->p - start, &value)) return 0;
+    if (fabs(value) > FLT_MAX) return 0;
+    *logprob = (float)value;
+    return 1;
+}
+
 /* The float32 `logprob` of one entry at s->p (its opening brace): 1 when sure, 0 otherwise. */
 static int scan_entry(Scan *s, float *logprob) {
     int found = 0;
@@ -497,13 +510,7 @@ static int scan_entry(Scan *s, float *logprob) {
         s->p++;
         skip_ws(s);
         if (is_logprob) {
-            const unsigned char *start = s->p;
-            int is_float;
-            if (found || s->p >= s->end || !scan_number(s, &is_float) || !is_float) return 0;
-            double value;
-            if (!read_double(start, s->p - start, &value)) return 0;
-            if (fabs(value) > FLT_MAX) return 0; /* float32 overflow: numpy may warn; full parse */
-            *logprob = (float)value;
+            if (found || !scan_logprob(s, logprob)) return 0;
             found = 1;
         } else if (!scan_value(s, 1)) {
             return 0;
@@ -520,9 +527,82 @@ static int scan_entry(Scan *s, float *logprob) {
     }
 }
 
-static PyObject *chat_logprobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* The entries of a chat `logprobs.content` array, from s->p (just after its '[') to its ']':
+ * the count, or -1 when not sure. s->p is then at the ']'. */
+static Py_ssize_t scan_chat(Scan *s, float *values, Py_ssize_t capacity) {
+    Py_ssize_t n = 0;
+    skip_ws(s);
+    if (s->p < s->end && *s->p == ']') return 0;
+    while (n < capacity && scan_entry(s, &values[n])) {
+        n++;
+        skip_ws(s);
+        if (s->p >= s->end) return -1;
+        if (*s->p == ']') return n;
+        if (*s->p != ',') return -1;
+        s->p++;
+        skip_ws(s);
+    }
+    return -1;
+}
+
+/* The members of a completions `logprobs` object, from s->p (just after its '{') to its '}':
+ * the count of its `token_logprobs`, a list of floats, or -1 when not sure (a null among them,
+ * as for an echoed first token, an integer, the key missing, repeated or spelled with an
+ * escape...). Every other member is validated, not read. s->p is then at the '}'. */
+static Py_ssize_t scan_completion(Scan *s, float *values, Py_ssize_t capacity) {
+    Py_ssize_t n = -1;
+    skip_ws(s);
+    for (;;) {
+        const unsigned char *key = s->p + 1;
+        int escaped;
+        if (s->p >= s->end || *s->p != '"' || !scan_string(s, &escaped) || escaped) return -1;
+        int is_values = s->p - 1 - key == 14 && memcmp(key, "token_logprobs", 14) == 0;
+        skip_ws(s);
+        if (s->p >= s->end || *s->p != ':') return -1;
+        s->p++;
+        skip_ws(s);
+        if (is_values) {
+            if (n >= 0 || s->p >= s->end || *s->p != '[') return -1;
+            s->p++;
+            skip_ws(s);
+            n = 0;
+            if (s->p < s->end && *s->p == ']') {
+                s->p++;
+            } else {
+                for (;;) {
+                    if (n >= capacity || !scan_logprob(s, &values[n])) return -1;
+                    n++;
+                    skip_ws(s);
+                    if (s->p >= s->end) return -1;
+                    if (*s->p == ']') {
+                        s->p++;
+                        break;
+                    }
+                    if (*s->p != ',') return -1;
+                    s->p++;
+                    skip_ws(s);
+                }
+            }
+        } else if (!scan_value(s, 1)) {
+            return -1;
+        }
+        skip_ws(s);
+        if (s->p >= s->end) return -1;
+        if (*s->p == '}') return n;
+        if (*s->p != ',') return -1;
+        s->p++;
+        skip_ws(s);
+    }
+}
+
+typedef Py_ssize_t (*Reader)(Scan *s, float *values, Py_ssize_t capacity);
+
+/* `reader` over `data` from `start`: (where it stopped, float32 values), or None when not sure.
+ * `per_value`: the fewest bytes one value takes, which bounds the count. */
+static PyObject *read_logprobs(PyObject *const *args, Py_ssize_t nargs, Reader reader,
+                               Py_ssize_t per_value) {
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "chat_logprobs(data, start) takes 2 arguments");
+        PyErr_SetString(PyExc_TypeError, "takes 2 arguments (data, start)");
         return NULL;
     }
     Py_ssize_t start = PyLong_AsSsize_t(args[1]);
@@ -538,36 +618,16 @@ static PyObject *chat_logprobs(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     const unsigned char *base = (const unsigned char *)view.buf;
     Scan s = {base + start, base + view.len};
-    /* at most one entry per 15 bytes ({"logprob":0.0},) */
-    Py_ssize_t capacity = (view.len - start) / 14 + 1;
+    Py_ssize_t capacity = (view.len - start) / per_value + 1;
     PyObject *out = PyByteArray_FromStringAndSize(NULL, capacity * (Py_ssize_t)sizeof(float));
     if (out == NULL) {
         PyBuffer_Release(&view);
         return NULL;
     }
-    float *values = (float *)PyByteArray_AS_STRING(out);
-    Py_ssize_t n = 0;
-    int sure = 0;
-    skip_ws(&s);
-    if (s.p < s.end && *s.p == ']') {
-        sure = 1; /* no entries */
-    } else {
-        while (n < capacity && scan_entry(&s, &values[n])) {
-            n++;
-            skip_ws(&s);
-            if (s.p >= s.end) break;
-            if (*s.p == ']') {
-                sure = 1;
-                break;
-            }
-            if (*s.p != ',') break;
-            s.p++;
-            skip_ws(&s);
-        }
-    }
+    Py_ssize_t n = reader(&s, (float *)PyByteArray_AS_STRING(out), capacity);
     Py_ssize_t end = s.p - base;
     PyBuffer_Release(&view);
-    if (!sure) {
+    if (n < 0) {
         Py_DECREF(out);
         Py_RETURN_NONE;
     }
@@ -578,12 +638,25 @@ static PyObject *chat_logprobs(PyObject *self, PyObject *const *args, Py_ssize_t
     return Py_BuildValue("(nN)", end, out);
 }
 
+static PyObject *chat_logprobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return read_logprobs(args, nargs, scan_chat, 14); /* {"logprob":0.0} */
+}
+
+static PyObject *completion_logprobs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return read_logprobs(args, nargs, scan_completion, 4); /* 0.0, */
+}
+
 static PyMethodDef methods[] = {
     {"parse_ids", parse_ids, METH_O,
      "parse_ids(data) -> bytearray | None: native int32 ids of a JSON id list's inner text."},
     {"chat_logprobs", (PyCFunction)(void (*)(void))chat_logprobs, METH_FASTCALL,
      "chat_logprobs(data, start) -> (end, bytearray) | None: the float32 logprobs of the chat\n"
      "entries from `start` (just after the array's '[') and where the array closes."},
+    {"completion_logprobs", (PyCFunction)(void (*)(void))completion_logprobs, METH_FASTCALL,
+     "completion_logprobs(data, start) -> (end, bytearray) | None: the float32 token_logprobs\n"
+     "of the completions logprobs object from `start` (just after its '{') and where it closes."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,7 +8,7 @@ import operator
 import re
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -173,6 +173,7 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         self._segments: _BodySegments | None = None
         # read once per stream event: kept as plain attributes
         self._chat = info.endpoint is Endpoint.CHAT
+        self._layout: Literal["chat", "completions"] = "chat" if self._chat else "completions"
         self._logprobs = info.wants_logprobs
         self._message = info.want_message
 
@@ -186,7 +187,7 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         unexpected falls back to parsing it whole, which also produces the precise error.
         """
         self._body = body
-        segments = _BodySegments.split(body, entries=self._logprobs)
+        segments = _BodySegments.split(body, logprobs=self._layout if self._logprobs else None)
         try:
             payload = orjson.loads(segments.skeleton if segments else body)
         except orjson.JSONDecodeError as exc:
@@ -243,7 +244,8 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         if (
             segments is None
         ):  # a short body, parsed whole: cut now, it is joined cheaper than walked
-            segments = _BodySegments.split(self._body, entries=info.added_logprobs, min_size=0)
+            layout = self._layout if info.added_logprobs else None
+            segments = _BodySegments.split(self._body, logprobs=layout, min_size=0)
             if segments is not None:
                 payload = orjson.loads(segments.skeleton)
         paths = _added_paths(payload, info.added_ids, info.added_logprobs)
@@ -296,6 +298,10 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
                         choice.logprobs = _chat_logprobs(entries, "logprobs")
                 else:
                     choice.logprobs = _chat_logprobs(lp, what)
+            elif self._segments is not None and isinstance(lp, str):
+                choice.logprobs = self._segments.logprobs(lp)  # read while cut out
+                if choice.logprobs is None:  # not cut-out logprobs: the full parse says why
+                    raise _FallBack
             else:
                 choice.logprobs = _completion_logprobs(lp, what)
             _check_logprobs(choice, self.info)

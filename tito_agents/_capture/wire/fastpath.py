@@ -1,13 +1,14 @@
 """The fast path for long id arrays: they are cut out of the body bytes and parsed by the C helper
 (`tito_agents/_speedups.c`) or numpy, so the JSON parser never builds a Python int per token. The
-chat logprob entries are cut out too: the C helper reads their `logprob` numbers from the bytes,
-so no entry object is built (without it, or when it is unsure, they are parsed whole)."""
+logprobs are cut out too (chat: the entries; completions: the whole logprobs object): the C helper
+reads their numbers from the bytes, so no entry, token or offset object is built (without it, or
+when it is unsure, they are parsed whole)."""
 
 from __future__ import annotations
 
 import re
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +30,9 @@ class _FallBack(Exception):
 
 _ID_KEY = b'token_ids":['
 _CONTENT_KEY = b'"logprobs":{"content":['
+_COMPLETION_KEY = b'"logprobs":{"text_offset":'
+"""How vLLM begins a completions choice's logprobs object (its other arrays follow)."""
+_OBJECT_OPEN = len(b'"logprobs":{')
 _CONTENT_END = b']},"finish_reason":'
 _WRAP_OPEN = b'{"content":'
 """What stands before the entries of a chat logprobs object cut out of a body."""
@@ -110,6 +114,20 @@ def _chat_logprob_array(body: bytes, start: int) -> tuple[int, LogprobArray] | N
     return read[0], np.frombuffer(read[1], dtype=np.float32)
 
 
+def _completion_logprob_object(body: bytes, start: int) -> tuple[int, LogprobArray] | None:
+    """Where the completions `logprobs` object whose members begin at `start` in `body` closes,
+    and its `token_logprobs` as float32; None when only the full parse can say (or there is no C
+    helper). As `_chat_logprob_array`: validated as JSON while read, bit for bit
+    `np.array(token_logprobs, dtype=np.float32)`; a null among them (an echoed first token), an
+    integer or a missing list are declined."""
+    if _speedups is None:
+        return None
+    read = _speedups.completion_logprobs(body, start)
+    if read is None:
+        return None
+    return read[0], np.frombuffer(read[1], dtype=np.float32)
+
+
 def _parse_int_text(segment: bytes) -> npt.NDArray[np.int64]:
     """`np.fromstring` of comma-separated ints; raises ValueError on text it cannot read whole."""
     if _FROMSTRING_RAISES:
@@ -126,9 +144,10 @@ class _BodySegments:
     """A JSON body with its long arrays cut out and replaced by marker strings.
 
     `token_ids` arrays become int32 arrays through `_id_array`, so the JSON parser builds no
-    Python int per token; chat logprob entries are parsed on their own, only when present. The cut
-    points are found by byte search: the keys contain quotes, which cannot occur unescaped inside a
-    string. The cut-out arrays are views of the body, not copies.
+    Python int per token; logprobs are read by the C helper as they are cut out (`split`). The
+    cuts start where a byte search finds their keys (the keys contain quotes, which cannot occur
+    unescaped inside a string) and end at the closing bracket found by search (ids) or by the C
+    scan that reads the logprobs. The cut-out values are views of the body, not copies.
 
     A marker is a JSON string starting with NUL. The server's text can only hold NUL as the escape
     `\\u0000`; a body with one anywhere outside the cut-out arrays is not split (it parses whole),
@@ -136,16 +155,22 @@ class _BodySegments:
     can be found in the server's own strings when `restore` puts the arrays back.
     """
 
-    __slots__ = ("_pieces", "_raw", "_values", "skeleton")
+    __slots__ = ("_objects", "_pieces", "_raw", "_values", "skeleton")
 
     def __init__(
-        self, pieces: list[bytes], raw: list[memoryview], values: dict[int, LogprobArray]
+        self,
+        pieces: list[bytes],
+        raw: list[memoryview],
+        values: dict[int, LogprobArray],
+        objects: set[int],
     ) -> None:
         self._pieces = pieces
         """The body between the cut-out arrays (one more piece than arrays)."""
         self._raw = raw
         self._values = values
-        """The logprobs of the cut-out entry arrays the C helper read while cutting."""
+        """The logprobs of the cut-out logprobs the C helper read while cutting."""
+        self._objects = objects
+        """The cut-out values that are objects (a completions logprobs object), not arrays."""
         parts = [pieces[0]]
         for i in range(len(raw)):
             parts += (_marker(i), pieces[i + 1])
@@ -153,33 +178,42 @@ class _BodySegments:
 
     @classmethod
     def split(
-        cls, body: bytes, *, entries: bool = True, min_size: int = 2048
+        cls,
+        body: bytes,
+        *,
+        logprobs: Literal["chat", "completions"] | None = None,
+        min_size: int = 2048,
     ) -> _BodySegments | None:
-        """Cut the id arrays, and the chat logprob entries when `entries`, out of `body` (None
-        when the body is shorter than `min_size`: small bodies parse whole just as fast).
+        """Cut the id arrays, and the logprobs of `logprobs`' layout when given, out of `body`
+        (None when the body is shorter than `min_size`: small bodies parse whole just as fast).
 
-        Entries are cut only when asked for: looking for them in a body that has none would search
-        all of it. Where the C helper reads them, it also finds where they end, so their bytes are
-        read once; otherwise the end is searched for (`_CONTENT_END`, what vLLM writes after
-        them) and they are parsed whole later."""
+        Logprobs are cut only when asked for: looking for them in a body that has none would
+        search all of it. Chat entries are cut whenever found: where the C helper reads them it
+        also finds where they end, so their bytes are read once; otherwise the end is searched
+        for (`_CONTENT_END`, what vLLM writes after them) and they are parsed whole later. A
+        completions logprobs object is cut only where the C helper reads it (its end can be
+        found no other way); otherwise it stays in the skeleton."""
         if len(body) < min_size:
             return None
         view = memoryview(body)
         pieces: list[bytes] = []
         raw: list[memoryview] = []
         values: dict[int, LogprobArray] = {}
+        objects: set[int] = set()
         pos = 0
-        content = body.find(_CONTENT_KEY) if entries else -1
+        chat = logprobs == "chat"
+        lp_key = _CONTENT_KEY if chat else _COMPLETION_KEY if _speedups is not None else None
+        found = body.find(lp_key) if logprobs and lp_key else -1
         while True:
-            # the next cut: the id key before the next entries, else those entries
-            key = body.find(_ID_KEY, pos, len(body) if content == -1 else content)
+            # the next cut: the id key before the next logprobs, else those logprobs
+            key = body.find(_ID_KEY, pos, len(body) if found == -1 else found)
             if key != -1:
                 start = key + len(_ID_KEY)
                 end = body.find(b"]", start)
-                if end == -1 or (content != -1 and end > content):
+                if end == -1 or (found != -1 and end > found):
                     return None
-            elif content != -1:
-                start = content + len(_CONTENT_KEY)
+            elif found != -1 and chat:
+                start = found + len(_CONTENT_KEY)
                 read = _chat_logprob_array(body, start)
                 if read is not None:
                     end, values[len(raw)] = read
@@ -187,7 +221,15 @@ class _BodySegments:
                     end = body.find(_CONTENT_END, start)
                     if end == -1:
                         return None
-                content = body.find(_CONTENT_KEY, end)
+                found = body.find(_CONTENT_KEY, end)
+            elif found != -1:
+                start = found + _OBJECT_OPEN
+                read = _completion_logprob_object(body, start)
+                found = body.find(_COMPLETION_KEY, start)
+                if read is None:
+                    continue  # left in the skeleton: parsed whole
+                end, values[len(raw)] = read
+                objects.add(len(raw))
             else:
                 break
             pieces.append(body[pos : start - 1])
@@ -201,7 +243,7 @@ class _BodySegments:
             # equal a marker: no markers then. Otherwise every string the skeleton parses to that
             # starts with `_MARK` is a marker this split put exactly where its array was cut out.
             return None
-        return cls(pieces, raw, values)
+        return cls(pieces, raw, values, objects)
 
     def nulled_at(self, payload: Any, paths: list[Path]) -> set[int] | None:
         """The cut-out arrays that are the whole value at each of `paths` in `payload` (the parsed
@@ -236,7 +278,7 @@ class _BodySegments:
         for i, segment in enumerate(raw):
             after = pieces[i + 1]
             if i not in nulled:
-                parts += (piece, b"[", segment, b"]")
+                parts += (piece, *self._brackets(i, segment))
             elif self._wrapped(i):
                 parts += (piece[: -len(_WRAP_OPEN)], b"null")
                 after = after[1:]
@@ -252,8 +294,12 @@ class _BodySegments:
         for i, raw in enumerate(self._raw):
             marker = _marker(i)
             if marker in edited:
-                edited = edited.replace(marker, b"[" + raw + b"]")
+                edited = edited.replace(marker, b"".join(self._brackets(i, raw)))
         return edited
+
+    def _brackets(self, i: int, segment: memoryview) -> tuple[bytes, memoryview, bytes]:
+        """Cut-out value `i` with the brackets it was cut out of around it."""
+        return (b"{", segment, b"}") if i in self._objects else (b"[", segment, b"]")
 
     def index_of(self, value: Any) -> int | None:
         """Which cut-out array a parsed skeleton value stands for, or None if it is no marker."""
@@ -279,9 +325,10 @@ class _BodySegments:
         return ids
 
     def logprobs(self, marker: str) -> LogprobArray | None:
-        """The logprobs of a cut-out chat `logprobs.content` array, read from its bytes while it
-        was cut out, or None when `_chat_logprob_array` could not be sure (or there is no C
-        helper): then `logprob_entries` parses them."""
+        """The logprobs of cut-out logprobs (a chat `logprobs.content` array, a completions
+        `logprobs` object), read from their bytes while they were cut out; None when the C helper
+        could not be sure (or is missing): then chat's `logprob_entries` parses them (completions
+        logprobs are then not cut out)."""
         index = self.index_of(marker)
         if index is None:  # the server's own string: the full parse names the problem
             raise _FallBack

@@ -18,10 +18,11 @@ import numpy as np
 import orjson
 
 from tito_agents._capture.responses.chat_view import assistant_message
+from tito_agents._capture.wire.fastpath import _BodySegments, _FallBack
 from tito_agents._capture.wire.request import RequestInfo
 from tito_agents._capture.wire.response import ParsedChoice, ResponseParser, to_ids
 from tito_agents._capture.wire.splice import Path, null_values
-from tito_agents.calls import Endpoint, IdArray
+from tito_agents.calls import Endpoint, IdArray, LogprobArray
 from tito_agents.errors import (
     CaptureError,
     MalformedResponseError,
@@ -86,13 +87,18 @@ def _parts(item: dict[str, Any], key: str) -> list[Any]:
 
 
 def _output_items(
-    output: Any, *, want_logprobs: bool
-) -> tuple[list[dict[str, Any]] | None, list[str] | None, list[float] | None, bool]:
+    output: Any, *, want_logprobs: bool, segments: _BodySegments | None = None
+) -> tuple[list[dict[str, Any]] | None, list[str] | None, list[Any] | LogprobArray | None, bool]:
     """Tool calls, reasoning texts and the output text's logprobs of a response's `output`, and
-    whether any item holds tokens that carry no logprobs (function calls, reasoning)."""
+    whether any item holds tokens that carry no logprobs (function calls, reasoning).
+
+    In a body cut by `segments` (`parse_body`), a part's entries the C helper read are a marker:
+    their logprobs come as an array, and all of them as one array when every part was read so
+    (what vLLM sends); otherwise the logprobs are a list of the entries' values."""
     tool_calls: list[dict[str, Any]] = []
     reasoning: list[str] = []
-    logprobs: list[float] = []
+    logprobs: list[Any] = []
+    scanned: list[LogprobArray] = []
     untexted = False
     if not isinstance(output, list):
         raise MalformedResponseError("response output is not a list")
@@ -103,7 +109,18 @@ def _output_items(
         if kind == "message":
             for part in _parts(item, "content"):
                 entries = part.get("logprobs") if isinstance(part, dict) else None
-                if want_logprobs and entries is not None:
+                if want_logprobs and segments is not None and isinstance(entries, str):
+                    values = segments.logprobs(entries)  # read while cut out
+                    if values is None:  # not cut-out entries: the full parse says why
+                        raise _FallBack
+                    if logprobs:  # after a part that was not read: its values as a list
+                        logprobs.extend(values.tolist())
+                    else:
+                        scanned.append(values)
+                elif want_logprobs and entries is not None:
+                    if scanned:  # the parts read so far, as values (float32 kept exactly)
+                        logprobs.extend(np.concatenate(scanned).tolist())
+                        scanned.clear()
                     try:
                         logprobs.extend(e["logprob"] for e in entries)
                     except (TypeError, KeyError) as exc:
@@ -122,16 +139,17 @@ def _output_items(
             reasoning.append("".join(p.get("text") or "" for p in parts if isinstance(p, dict)))
         else:
             untexted = True
-    return (
-        tool_calls or None,
-        reasoning or None,
-        logprobs if want_logprobs else None,
-        untexted,
-    )
+    if not want_logprobs:
+        return tool_calls or None, reasoning or None, None, untexted
+    read = np.concatenate(scanned) if scanned else logprobs
+    return tool_calls or None, reasoning or None, read, untexted
 
 
-def parse_responses_body(payload: Any, info: RequestInfo) -> ParsedChoice:
-    """The one call of a Responses body (non-stream, or the final event's `response`)."""
+def parse_responses_body(
+    payload: Any, info: RequestInfo, segments: _BodySegments | None = None
+) -> ParsedChoice:
+    """The one call of a Responses body (non-stream, or the final event's `response`); with the
+    `segments` its payload was parsed from when it was cut (`_FallBack`: parse it whole)."""
     if not isinstance(payload, dict) or payload.get("object", "response") != "response":
         raise MalformedResponseError("response body is not a Responses object")
     choice = ParsedChoice(
@@ -152,7 +170,7 @@ def parse_responses_body(payload: Any, info: RequestInfo) -> ParsedChoice:
         if status == "failed":
             raise MalformedResponseError(f"the response failed: {payload.get('error')}")
         tool_calls, reasoning, lps, untexted = _output_items(
-            payload.get("output") or [], want_logprobs=info.wants_logprobs
+            payload.get("output") or [], want_logprobs=info.wants_logprobs, segments=segments
         )
         choice.tool_calls, choice.reasoning = tool_calls, reasoning
         if info.want_message:  # token-in sessions compare it with the next request's input
@@ -169,7 +187,11 @@ def parse_responses_body(payload: Any, info: RequestInfo) -> ParsedChoice:
         sampled = int(choice.sampled_ids.shape[0])
         if lps is not None and len(lps) == sampled:
             choice.logprobs = np.array(lps, dtype=np.float32)
-        elif lps is not None and not (untexted or info.stream) and (lps or payload.get("output")):
+        elif (
+            lps is not None
+            and not (untexted or info.stream)
+            and (len(lps) > 0 or payload.get("output"))
+        ):
             # a non-stream text answer has one entry per sampled id (EOS included): not here
             raise TokenCountMismatchError(f"{len(lps)} logprobs for {sampled} sampled ids.")
         # else, known gaps of vLLM 0.32, where the ids stay exact and the call has no logprobs:
@@ -187,6 +209,8 @@ def parse_responses_body(payload: Any, info: RequestInfo) -> ParsedChoice:
                     raise TokenCountMismatchError(f"{ids.shape[0]} ids but usage.{key} is {count}.")
     except CaptureError as exc:
         choice.error = exc
+    except _FallBack:
+        raise
     except Exception as exc:  # a shape not expected: the call is unusable, never a raise
         choice.error = MalformedResponseError(f"unreadable response ({exc!r})")
     return choice
@@ -225,17 +249,30 @@ class ResponsesParser(ResponseParser, endpoints=(Endpoint.RESPONSES,)):
         super().__init__(info)
         self._final: list[ParsedChoice] | None = None
         """A stream: the choice parsed from its final event."""
+        self._segments: _BodySegments | None = None
+        """A non-stream body's cut (`parse_body`), when it was cut."""
 
     # ---- non-streaming ----
 
     def parse_body(self, body: bytes) -> list[ParsedChoice]:
-        """Parse a complete Responses body (parsed whole: its shape has no cut-out arrays yet)."""
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise MalformedResponseError(f"response body is not valid JSON: {exc}") from exc
+        """Parse a complete Responses body. The logprob entries of its output parts are cut out
+        and read by the C helper (`_BodySegments`), so no entry object is built; its ids are
+        parsed with the rest. A body the cut does not suit is parsed whole."""
         self._body = body
-        one = [parse_responses_body(payload, self.info)]
+        segments = (
+            _BodySegments.split(body, logprobs="responses") if self.info.wants_logprobs else None
+        )
+        try:
+            payload = orjson.loads(segments.skeleton if segments else body)
+            one = [parse_responses_body(payload, self.info, segments)]
+        except (orjson.JSONDecodeError, _FallBack):
+            segments = None
+            try:
+                payload = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise MalformedResponseError(f"response body is not valid JSON: {exc}") from exc
+            one = [parse_responses_body(payload, self.info)]
+        self._segments = segments
         self.response_id = payload.get("id")
         self.model = payload.get("model")
         self.done = True
@@ -247,7 +284,10 @@ class ResponsesParser(ResponseParser, endpoints=(Endpoint.RESPONSES,)):
         info, payload = self.info, self._payload
         if payload is None or not (info.added_ids or info.added_logprobs):
             return None
-        return null_values(self._body, added_paths(payload, info))
+        paths = added_paths(payload, info)
+        if self._segments is None:
+            return null_values(self._body, paths)
+        return self._segments.restore(null_values(self._segments.skeleton, paths))
 
     # ---- streaming ----
 

@@ -33,6 +33,8 @@ _CONTENT_KEY = b'"logprobs":{"content":['
 _COMPLETION_KEY = b'"logprobs":{"text_offset":'
 """How vLLM begins a completions choice's logprobs object (its other arrays follow)."""
 _OBJECT_OPEN = len(b'"logprobs":{')
+_PART_KEY = b'"logprobs":['
+"""How vLLM writes the entries of a Responses output text part (the chat entry shape)."""
 _CONTENT_END = b']},"finish_reason":'
 _WRAP_OPEN = b'{"content":'
 """What stands before the entries of a chat logprobs object cut out of a body."""
@@ -181,7 +183,7 @@ class _BodySegments:
         cls,
         body: bytes,
         *,
-        logprobs: Literal["chat", "completions"] | None = None,
+        logprobs: Literal["chat", "completions", "responses"] | None = None,
         min_size: int = 2048,
     ) -> _BodySegments | None:
         """Cut the id arrays, and the logprobs of `logprobs`' layout when given, out of `body`
@@ -191,8 +193,9 @@ class _BodySegments:
         search all of it. Chat entries are cut whenever found: where the C helper reads them it
         also finds where they end, so their bytes are read once; otherwise the end is searched
         for (`_CONTENT_END`, what vLLM writes after them) and they are parsed whole later. A
-        completions logprobs object is cut only where the C helper reads it (its end can be
-        found no other way); otherwise it stays in the skeleton."""
+        completions logprobs object, or a Responses output part's entries, are cut only where the
+        C helper reads them (their end can be found no other way); otherwise they stay in the
+        skeleton. A Responses body has no `token_ids` (its ids are not cut out)."""
         if len(body) < min_size:
             return None
         view = memoryview(body)
@@ -201,12 +204,16 @@ class _BodySegments:
         values: dict[int, LogprobArray] = {}
         objects: set[int] = set()
         pos = 0
-        chat = logprobs == "chat"
-        lp_key = _CONTENT_KEY if chat else _COMPLETION_KEY if _speedups is not None else None
-        found = body.find(lp_key) if logprobs and lp_key else -1
+        chat, completions = logprobs == "chat", logprobs == "completions"
+        lp_key = _CONTENT_KEY if chat else _COMPLETION_KEY if completions else _PART_KEY
+        ids = logprobs != "responses"
+        if not chat and _speedups is None:
+            logprobs = None  # only the C helper finds where these end
+        found = body.find(lp_key) if logprobs else -1
         while True:
             # the next cut: the id key before the next logprobs, else those logprobs
-            key = body.find(_ID_KEY, pos, len(body) if found == -1 else found)
+            bound = len(body) if found == -1 else found
+            key = body.find(_ID_KEY, pos, bound) if ids else -1
             if key != -1:
                 start = key + len(_ID_KEY)
                 end = body.find(b"]", start)
@@ -223,13 +230,18 @@ class _BodySegments:
                         return None
                 found = body.find(_CONTENT_KEY, end)
             elif found != -1:
-                start = found + _OBJECT_OPEN
-                read = _completion_logprob_object(body, start)
-                found = body.find(_COMPLETION_KEY, start)
+                if completions:
+                    start = found + _OBJECT_OPEN
+                    read = _completion_logprob_object(body, start)
+                else:
+                    start = found + len(_PART_KEY)
+                    read = _chat_logprob_array(body, start)
+                found = body.find(lp_key, start)
                 if read is None:
                     continue  # left in the skeleton: parsed whole
                 end, values[len(raw)] = read
-                objects.add(len(raw))
+                if completions:
+                    objects.add(len(raw))
             else:
                 break
             pieces.append(body[pos : start - 1])

@@ -278,7 +278,7 @@ def test_the_scan_reads_a_vllm_completions_body() -> None:
         "top_logprobs": [{"ab": -0.25}, {"c": -1.5}],
     }
     body = completions_body(orjson.dumps(logprobs), [7, 8])
-    segments = fastpath._BodySegments.split(body, logprobs="completions")
+    segments = fastpath._BodySegments.split(body, "completions", logprobs=True)
     assert segments is not None and segments._objects == {0}
     got = segments.logprobs(fastpath._MARK + "0")
     assert got is not None and got.tolist() == [-0.25, -1.5]
@@ -289,5 +289,5 @@ def test_the_scan_reads_a_vllm_completions_body() -> None:
     want["choices"][0].update(logprobs=None, token_ids=None, prompt_token_ids=None)
     assert caller is not None and orjson.loads(caller) == want
     with without_helper():
-        segments = fastpath._BodySegments.split(body, logprobs="completions")
+        segments = fastpath._BodySegments.split(body, "completions", logprobs=True)
         assert segments is not None and not segments._objects

@@ -386,12 +386,12 @@ def test_the_scan_reads_a_vllm_body() -> None:
         for i in range(20)
     )
     body = chat_body(entries, list(range(20)))
-    segments = fastpath._BodySegments.split(body, logprobs="chat")
+    segments = fastpath._BodySegments.split(body, "chat", logprobs=True)
     assert segments is not None
     got = segments.logprobs(fastpath._MARK + "0")
     assert got is not None and got.tolist() == [-i - 0.25 for i in range(20)]
     assert bytes(segments._raw[0]) == entries
     with without_helper():
-        segments = fastpath._BodySegments.split(body, logprobs="chat")
+        segments = fastpath._BodySegments.split(body, "chat", logprobs=True)
         assert segments is not None and bytes(segments._raw[0]) == entries
         assert segments.logprobs(fastpath._MARK + "0") is None

@@ -112,16 +112,18 @@ def test_responses_bodies_parse_the_same_with_and_without_the_scan(
 
 
 def test_the_scan_reads_a_vllm_responses_body() -> None:
-    """The fast path is taken for what vLLM sends: every part's entries cut out and read, one
-    array for the call; the caller's copy is the server's body but for what capture added."""
+    """The fast path is taken for what vLLM sends: the ids and every part's entries cut out and
+    read, one array for the call; the caller's copy is the server's body but for what capture
+    added."""
     entries = [
         b'{"token":"Yes","bytes":[89,101,115],"logprob":-1.1133558750152588,"top_logprobs":[]}',
         b'{"token":".","bytes":[46],"logprob":-0.3625119924545288,"top_logprobs":[]}',
         b'{"token":"<|im_end|>","bytes":[60],"logprob":-0.275734007358551,"top_logprobs":[]}',
     ]
     body = responses_body([part(entries[0]), part(b",".join(entries[1:]))], [10539, 30, 2])
-    segments = fastpath._BodySegments.split(body, logprobs="responses")
-    assert segments is not None and len(segments._raw) == len(segments._values) == 2
+    segments = fastpath._BodySegments.split(body, "responses", logprobs=True)
+    assert segments is not None and len(segments._values) == 2  # and the two id arrays:
+    assert [bytes(r[:5]) for r in segments._raw] == [b'{"tok', b'{"tok', b"0,1,2", b"10539"]
     choices, caller = parse(body, added=True)
     want = np.array([-1.1133558750152588, -0.3625119924545288, -0.275734007358551], np.float32)
     assert choices[0][1] == want.view(np.uint32).tolist()
@@ -130,8 +132,10 @@ def test_the_scan_reads_a_vllm_responses_body() -> None:
         p["logprobs"] = None
     payload.update(top_logprobs=None, input_messages=None, output_messages=None)
     assert caller is not None and orjson.loads(caller) == payload
-    with without_helper():
-        assert fastpath._BodySegments.split(body, logprobs="responses") is None
+    with without_helper():  # the ids alone are cut out
+        segments = fastpath._BodySegments.split(body, "responses", logprobs=True)
+        assert segments is not None and len(segments._raw) == 2 and not segments._values
+        assert parse(body, added=True) == (choices, caller)
 
 
 def test_parts_read_and_parts_parsed_mix_in_order() -> None:
@@ -141,7 +145,7 @@ def test_parts_read_and_parts_parsed_mix_in_order() -> None:
     declined = b'{"token":"b","logprob":-2,"bytes":[98],"top_logprobs":[]}'
     for texts in ([read, declined, read], [declined, read], [read, declined], [None, read]):
         body = responses_body([part(t) for t in texts], list(range(3, 3 + len(texts))))
-        segments = fastpath._BodySegments.split(body, logprobs="responses")
+        segments = fastpath._BodySegments.split(body, "responses", logprobs=True)
         assert segments is not None
         assert len(segments._values) == texts.count(read)
         fast = parse(body, added=False)

@@ -187,7 +187,7 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         unexpected falls back to parsing it whole, which also produces the precise error.
         """
         self._body = body
-        segments = _BodySegments.split(body, logprobs=self._layout if self._logprobs else None)
+        segments = _BodySegments.split(body, self._layout, logprobs=self._logprobs)
         try:
             payload = orjson.loads(segments.skeleton if segments else body)
         except orjson.JSONDecodeError as exc:
@@ -244,8 +244,9 @@ class ChoicesParser(ResponseParser, endpoints=(Endpoint.CHAT, Endpoint.COMPLETIO
         if (
             segments is None
         ):  # a short body, parsed whole: cut now, it is joined cheaper than walked
-            layout = self._layout if info.added_logprobs else None
-            segments = _BodySegments.split(self._body, logprobs=layout, min_size=0)
+            segments = _BodySegments.split(
+                self._body, self._layout, logprobs=info.added_logprobs, min_size=0
+            )
             if segments is not None:
                 payload = orjson.loads(segments.skeleton)
         paths = _added_paths(payload, info.added_ids, info.added_logprobs)

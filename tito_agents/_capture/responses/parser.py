@@ -40,9 +40,12 @@ _NO_MESSAGES_FIX = (
 )
 
 
-def _engine_tokens(payload: dict[str, Any], key: str) -> IdArray | None:
+def _engine_tokens(
+    payload: dict[str, Any], key: str, segments: _BodySegments | None
+) -> IdArray | None:
     """The token ids of `input_messages` / `output_messages`: None when the field is absent or
-    null (the server ignored `enable_response_messages`)."""
+    null (the server ignored `enable_response_messages`). A cut-out array (a marker string in a
+    cut body) is read by `segments`."""
     entries = payload.get(key)
     if entries is None:
         return None
@@ -60,7 +63,10 @@ def _engine_tokens(payload: dict[str, Any], key: str) -> IdArray | None:
             f"{key}[0] carries no tokens (harmony message objects hold no token ids).",
             fix="use the chat completions endpoint for harmony (gpt-oss) models",
         )
-    return to_ids(entry["tokens"], f"{key}[0].tokens")
+    tokens = entry["tokens"]
+    if segments is not None and isinstance(tokens, str):
+        return segments.ids(tokens)
+    return to_ids(tokens, f"{key}[0].tokens")
 
 
 def _responses_finish(payload: dict[str, Any], tool_calls: list[dict[str, Any]] | None) -> str:
@@ -176,8 +182,8 @@ def parse_responses_body(
         if info.want_message:  # token-in sessions compare it with the next request's input
             choice.message = assistant_message(payload.get("output"))
         choice.finish_reason = _responses_finish(payload, tool_calls)
-        choice.prompt_ids = _engine_tokens(payload, "input_messages")
-        choice.sampled_ids = _engine_tokens(payload, "output_messages")
+        choice.prompt_ids = _engine_tokens(payload, "input_messages", segments)
+        choice.sampled_ids = _engine_tokens(payload, "output_messages", segments)
         if choice.prompt_ids is None or choice.sampled_ids is None:
             raise MissingTokenIdsError(
                 "the Responses body has no input_messages/output_messages token ids although "
@@ -255,13 +261,11 @@ class ResponsesParser(ResponseParser, endpoints=(Endpoint.RESPONSES,)):
     # ---- non-streaming ----
 
     def parse_body(self, body: bytes) -> list[ParsedChoice]:
-        """Parse a complete Responses body. The logprob entries of its output parts are cut out
-        and read by the C helper (`_BodySegments`), so no entry object is built; its ids are
-        parsed with the rest. A body the cut does not suit is parsed whole."""
+        """Parse a complete Responses body. Its ids and the logprob entries of its output parts
+        are cut out (`_BodySegments`) and read as arrays, so no Python int per id nor entry object
+        is built. A body the cut does not suit is parsed whole."""
         self._body = body
-        segments = (
-            _BodySegments.split(body, logprobs="responses") if self.info.wants_logprobs else None
-        )
+        segments = _BodySegments.split(body, "responses", logprobs=self.info.wants_logprobs)
         try:
             payload = orjson.loads(segments.skeleton if segments else body)
             one = [parse_responses_body(payload, self.info, segments)]

@@ -29,6 +29,8 @@ class _FallBack(Exception):
 
 
 _ID_KEY = b'token_ids":['
+_TOKENS_KEY = b'"tokens":['
+"""Where a Responses body's ids are (its `input_messages` / `output_messages` entries)."""
 _CONTENT_KEY = b'"logprobs":{"content":['
 _COMPLETION_KEY = b'"logprobs":{"text_offset":'
 """How vLLM begins a completions choice's logprobs object (its other arrays follow)."""
@@ -182,12 +184,14 @@ class _BodySegments:
     def split(
         cls,
         body: bytes,
+        layout: Literal["chat", "completions", "responses"],
         *,
-        logprobs: Literal["chat", "completions", "responses"] | None = None,
+        logprobs: bool,
         min_size: int = 2048,
     ) -> _BodySegments | None:
-        """Cut the id arrays, and the logprobs of `logprobs`' layout when given, out of `body`
-        (None when the body is shorter than `min_size`: small bodies parse whole just as fast).
+        """Cut the id arrays, and the logprobs when `logprobs`, out of `body`, a body of
+        `layout` (None when the body is shorter than `min_size`: small bodies parse whole just as
+        fast).
 
         Logprobs are cut only when asked for: looking for them in a body that has none would
         search all of it. Chat entries are cut whenever found: where the C helper reads them it
@@ -195,7 +199,7 @@ class _BodySegments:
         for (`_CONTENT_END`, what vLLM writes after them) and they are parsed whole later. A
         completions logprobs object, or a Responses output part's entries, are cut only where the
         C helper reads them (their end can be found no other way); otherwise they stay in the
-        skeleton. A Responses body has no `token_ids` (its ids are not cut out)."""
+        skeleton. A Responses body's ids are its engine messages' `tokens`."""
         if len(body) < min_size:
             return None
         view = memoryview(body)
@@ -204,18 +208,18 @@ class _BodySegments:
         values: dict[int, LogprobArray] = {}
         objects: set[int] = set()
         pos = 0
-        chat, completions = logprobs == "chat", logprobs == "completions"
+        chat, completions = layout == "chat", layout == "completions"
         lp_key = _CONTENT_KEY if chat else _COMPLETION_KEY if completions else _PART_KEY
-        ids = logprobs != "responses"
+        id_key = _TOKENS_KEY if layout == "responses" else _ID_KEY
         if not chat and _speedups is None:
-            logprobs = None  # only the C helper finds where these end
+            logprobs = False  # only the C helper finds where these end
         found = body.find(lp_key) if logprobs else -1
         while True:
             # the next cut: the id key before the next logprobs, else those logprobs
             bound = len(body) if found == -1 else found
-            key = body.find(_ID_KEY, pos, bound) if ids else -1
+            key = body.find(id_key, pos, bound)
             if key != -1:
-                start = key + len(_ID_KEY)
+                start = key + len(id_key)
                 end = body.find(b"]", start)
                 if end == -1 or (found != -1 and end > found):
                     return None

@@ -17,6 +17,7 @@ Environment:
     TITO_CACHE_DIR   cache root (default ~/.cache/tito-agents): vllm-venv/, models/, logs/, run/
     TITO_VLLM_PORT   port on 127.0.0.1 (default 8765)
     TITO_VLLM_OMP_THREADS  OpenMP threads of the vLLM worker (default 1, see OMP_THREADS)
+    TITO_VLLM_DTYPE  the dtype vLLM computes in (default float32, see DTYPE; weights are bf16)
     TITO_VLLM_EXTRA_ARGS   extra arguments appended to the vLLM command line (shell syntax)
     TITO_VLLM_MODEL_DIR    serve this Hugging Face folder instead of the converted SmolLM2 (e.g.
                            weights updated by an RL step; same tokenizer and served name)

@@ -12,7 +12,7 @@ is the capture work), and again without asking (the server then sends none, as v
 is what adding capture costs an agent whose calls take no time at all). A request without logprobs
 gets `logprobs: null`, as from vLLM.
 The capture CPU per call is also compared with this machine's history
-(`bench_capture_history.json`, appended to by each run unless `--no-record`): `--check` fails when
+(`out/bench/capture_history.json`, appended to by each run unless `--no-record`): `--check` fails when
 it exceeds the median of the latest figures by more than the noise measured (`noise_band`: the
 range of a run's repeated medians, and the drift between the recorded runs), on three tries.
 Usage: python benchmarks/bench_capture.py [--check] [--rounds N] [--json-rounds N] [--cpu-only]
@@ -256,8 +256,10 @@ def capture_cpu_per_call(
     return statistics.median(medians), max(medians) - min(medians)
 
 
-HISTORY = HERE / "bench_capture_history.json"
-"""Past figures of `capture_cpu_per_call`, per machine: what `--check` compares a run against."""
+HISTORY = HERE.parent / "out" / "bench" / "capture_history.json"
+"""Past figures of `capture_cpu_per_call`, per machine: what `--check` compares a run against.
+Local to the checkout (out/ is not tracked): figures mean something only beside others taken on
+the same machine, and a tracked file would change with every run."""
 HISTORY_KEPT = 50
 """Entries kept per machine (the oldest go)."""
 HISTORY_REFERENCE = 5
@@ -335,6 +337,7 @@ def record_run(ms: float, spread: float) -> None:
         }
     )
     history[machine()] = runs[-HISTORY_KEPT:]
+    HISTORY.parent.mkdir(parents=True, exist_ok=True)
     HISTORY.write_text(json.dumps(history, indent=1) + "\n")
 
 

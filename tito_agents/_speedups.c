@@ -1,5 +1,6 @@
 /* Optional C helper for the capture hot path: the integers of a JSON id array, in one pass, and
- * the logprobs of chat logprob entries without building the entries (`chat_logprobs`, below).
+ * the logprobs of a body's logprob entries (chat and Responses: `chat_logprobs`) or completions
+ * logprobs object (`completion_logprobs`) without building them (below).
  *
  * `parse_ids(data)` takes the text between the brackets of a JSON array of token ids (bytes or any
  * buffer) and returns a bytearray of native int32 values, or None when the text is not a list of
@@ -662,7 +663,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "tito_agents._speedups",
-    "Optional C helper for parsing token-id and logprob arrays (see _speedups.c).", -1, methods,
+    "Optional C helper for reading token-id and logprob arrays (see _speedups.c).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }

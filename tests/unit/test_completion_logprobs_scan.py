@@ -291,3 +291,14 @@ def test_the_scan_reads_a_vllm_completions_body() -> None:
     with without_helper():
         segments = fastpath._BodySegments.split(body, "completions", logprobs=True)
         assert segments is not None and not segments._objects
+
+
+@pytest.mark.parametrize("read", [_speedups.chat_logprobs, _speedups.completion_logprobs])
+def test_a_start_outside_the_data_is_refused(read: Any) -> None:
+    with pytest.raises(ValueError):
+        read(b"[]", 3)
+    with pytest.raises(ValueError):
+        read(b"[]", -1)
+    with pytest.raises(TypeError):
+        read(b"[]")
+    assert read(b"", 0) is None  # no closing bracket: nothing sure

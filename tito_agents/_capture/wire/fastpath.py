@@ -102,8 +102,9 @@ def _id_array(text: bytes | memoryview) -> IdArray | None:
 
 
 def _chat_logprob_array(body: bytes, start: int) -> tuple[int, LogprobArray] | None:
-    """Where the chat `logprobs.content` array whose entries begin at `start` in `body` closes,
-    and the float32 `logprob` of each entry; None when only the full parse can say.
+    """Where the chat `logprobs.content` array (or a Responses output part's `logprobs`: the same
+    entries) whose entries begin at `start` in `body` closes, and the float32 `logprob` of each
+    entry; None when only the full parse can say.
 
     The C helper validates the entries as JSON while it reads them, each number correctly
     rounded, so an answer is bit for bit what the full parse gives (`float32(entry["logprob"])`),

@@ -1,9 +1,10 @@
 """Build hook: compile the optional C helper `tito_agents._speedups` when a C compiler is present.
 
-The helper only speeds up reading the id arrays and chat logprobs of non-streaming responses
-(the capture's CPU cost); everything works without it (`tito_agents._capture.wire` falls back to
-numpy, and to a full parse of the logprob entries). A failed compile is reported and the build
-goes on as pure Python. Editable installs compile it in place.
+The helper only speeds up reading the id arrays and the logprobs (chat, completions, Responses) of
+non-streaming responses (the capture's CPU cost); everything works without it
+(`tito_agents._capture.wire` falls back to numpy, and to a full parse of the logprob entries). A
+failed compile is reported and the build goes on as pure Python. Editable installs compile it in
+place.
 """
 
 from __future__ import annotations

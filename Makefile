@@ -44,6 +44,7 @@ $(STAMP): pyproject.toml $(foreach p,$(INTEGRATIONS),$(p)/pyproject.toml)
 # stopped by the tests themselves; the first run installs it, several minutes). Each tier prints
 # its wall time and the machine's load before and after it (scripts/tier.sh), and a table of all
 # tiers at the end, so a slow run explains itself; the test tiers list their 15 slowest tests.
+# The real vLLM is installed in the background while the unit tests run (scripts/tier.sh start).
 TIER := bash scripts/tier.sh
 test:
 	@$(TIER) begin
@@ -51,9 +52,10 @@ test:
 	@$(TIER) run lint $(MAKE) --no-print-directory lint
 	@$(TIER) run types $(MAKE) --no-print-directory typecheck
 	@$(TIER) run core $(MAKE) --no-print-directory test-core
+	@$(TIER) start vllm-prepare $(MAKE) --no-print-directory vllm-prepare
 	@$(TIER) run unit+integration $(PY) -m pytest -m "not e2e and not install" --durations=15
 	@$(TIER) run install $(PY) -m pytest -m install
-	@$(TIER) run vllm-prepare $(MAKE) --no-print-directory vllm-prepare
+	@$(TIER) wait vllm-prepare
 	@$(TIER) run e2e $(PY) -m pytest -m e2e --durations=15
 	@$(TIER) summary
 

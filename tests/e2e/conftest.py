@@ -22,8 +22,6 @@ Start-up is never retried within a session.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,26 +35,11 @@ from tests.support.e2e_servers import (
     SERVER_FIXTURES,
     STANDARD,
     VllmServers,
+    one_compute_thread,
 )
 
 _E2E_DIR = Path(__file__).resolve().parent
 _SERVERS: VllmServers | None = None
-
-
-def _one_compute_thread() -> None:
-    """One OpenMP thread for this process's own torch work (the trainer side of the RL tests):
-    the vLLM server beside it busy-polls a core, and two torch threads spinning at OpenMP
-    barriers on the core left run several times slower than one (measured on 2 cores: two TRL
-    GRPO steps 222 s with 2 threads, 127 s with 1). A thread count the caller set is kept."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return
-    os.environ["OMP_NUM_THREADS"] = "1"  # read by torch (and subprocesses) when it starts
-    torch = sys.modules.get("torch")
-    if torch is not None:  # already imported by an earlier conftest or plugin
-        torch.set_num_threads(1)
-
-
-_one_compute_thread()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -85,8 +68,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def vllm_servers(request: pytest.FixtureRequest) -> Iterator[VllmServers]:
-    """The session's vLLM servers by configuration (see the module docstring)."""
+    """The session's vLLM servers by configuration (see the module docstring). Beside them, this
+    process computes on one thread (`one_compute_thread`)."""
     global _SERVERS
+    one_compute_thread()
     _SERVERS = servers = VllmServers(request.config)
     try:
         yield servers

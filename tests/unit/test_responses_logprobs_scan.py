@@ -14,7 +14,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_logprobs_scan import ALPHABET, entry, write
+from tests.support.logprob_entries import ALPHABET, entry, write
 from tito_agents._capture.wire import ResponseParser, fastpath, prepare_request
 from tito_agents.calls import Endpoint
 from tito_agents.errors import MalformedResponseError

@@ -53,14 +53,15 @@ test:
 	@$(TIER) run types $(MAKE) --no-print-directory typecheck
 	@$(TIER) run core $(MAKE) --no-print-directory test-core
 	@$(TIER) start vllm-prepare $(MAKE) --no-print-directory vllm-prepare
-	@$(TIER) run unit+integration $(PY) -m pytest -m "not e2e and not install" --durations=15
+	@$(TIER) run unit+integration $(PY) -m pytest -m "not e2e and not install" --not-core --durations=15
 	@$(TIER) run install $(PY) -m pytest -m install
 	@$(TIER) wait vllm-prepare
 	@$(TIER) run e2e $(PY) -m pytest -m e2e --durations=15
 	@$(TIER) summary
 
 # The slim core stays slim: `pip install .` alone (no extras) plus the test tools, then the test
-# modules that need nothing else (tests/conftest.py lists them; they import tito_agents from the
+# modules that need nothing else (tests/conftest.py lists them; the unit+integration tier runs all
+# the others, `--not-core`, so each runs once; they import tito_agents from the
 # checkout, so the environment only has to hold the core's dependencies). It is built once and
 # rebuilt when pyproject.toml or the build hook change, or when its packages are no longer
 # exactly those of that install (its `pip freeze` is kept in the stamp).

@@ -1,7 +1,9 @@
-"""`--core-only`: run just the tests that need nothing beyond the core install (no extras).
+"""`--core-only`: run just the tests that need nothing beyond the core install (no extras);
+`--not-core`: run all the others.
 
-`make test` runs them in a virtual environment holding `pip install .` and the test tools alone,
-so a dependency that creeps into the core (an import of an extra) fails there. The list names
+`make test` runs the core ones in a virtual environment holding `pip install .` and the test tools
+alone, so a dependency that creeps into the core (an import of an extra) fails there, and every
+other module in the development environment (`--not-core`): each test runs once. The list names
 modules, not tests: a module is core when everything it imports ships with the core install.
 """
 
@@ -45,14 +47,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="collect only the test modules that run on the core install (no extras)",
     )
+    parser.addoption(
+        "--not-core",
+        action="store_true",
+        help="collect every test module but those of --core-only",
+    )
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if not config.getoption("--core-only") or collection_path.suffix != ".py":
+    core_only, not_core = config.getoption("--core-only"), config.getoption("--not-core")
+    if not (core_only or not_core) or collection_path.suffix != ".py":
         return None
     if not collection_path.name.startswith("test_"):
         return None
-    return collection_path.stem not in CORE_MODULES or None
+    core = collection_path.stem in CORE_MODULES
+    return (not core if core_only else core) or None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

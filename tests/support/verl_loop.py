@@ -1,0 +1,157 @@
+"""What the verl agent-loop tests build verl's objects from, without GPUs: a tiny Hugging Face
+model folder (the shipped SmolLM2 tokenizer beside a one-layer Llama config: verl's
+`HFModelConfig` reads both, no weights), verl's own generated trainer config pointed at it, and a
+stand-in for the `LLMServerClient` whose load balancer hands out server addresses.
+
+Needs verl (tests/verl and tests/e2e/test_verl_loop_real.py import it only where it is
+installed: `make test-verl`)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import verl
+from omegaconf import DictConfig, OmegaConf
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+from tito_agents.rl.verl_loop import TitoAgentLoop
+from tito_agents.testing.smollm2 import load_tokenizer, tokenizer_dir
+
+PROMPT_LENGTH, RESPONSE_LENGTH = 256, 512
+
+
+def model_dir(root: Path) -> Path:
+    """A model folder verl's `HFModelConfig` accepts: SmolLM2's tokenizer and a tiny Llama config."""
+    from transformers import LlamaConfig
+
+    folder = root / "model"
+    folder.mkdir(exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tokenizer_dir()) / name, folder / name)
+    LlamaConfig(
+        vocab_size=49152,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(folder)
+    return folder
+
+
+def trainer_config(model: Path | None = None, agent_loop_config_path: Path | None = None) -> Any:
+    """verl's generated PPO trainer config (the defaults a verl user starts from), with vLLM as
+    the rollout, our lengths, the model folder and the agent-loop YAML."""
+    config: DictConfig = OmegaConf.load(
+        Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml"
+    )  # type: ignore[assignment]
+    rollout = config.actor_rollout_ref.rollout
+    rollout.name = "vllm"
+    rollout.prompt_length = PROMPT_LENGTH
+    rollout.response_length = RESPONSE_LENGTH
+    if model is not None:
+        config.actor_rollout_ref.model.path = str(model)
+    if agent_loop_config_path is not None:
+        rollout.agent.agent_loop_config_path = str(agent_loop_config_path)
+    return config
+
+
+class StubServerClient:
+    """verl's `LLMServerClient` as the agent loop uses it: `_acquire_server` answers the address
+    its load balancer picked (verl's server ids are the servers' `host:port`), `_release_server`
+    gives it back. The real one asks a Ray actor. (A plain class: hydra would turn a dataclass
+    handed to `instantiate` into a config node.)"""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.acquired: list[str] = []
+        self.released: list[str] = []
+
+    async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, None]:
+        self.acquired.append(request_id)
+        return self.address, None
+
+    def _release_server(self, server_id: str, request_id: str | None = None) -> None:
+        assert server_id == self.address
+        self.released.append(str(request_id))
+
+
+def make_loop(
+    server: Any, *, loop_class: type[TitoAgentLoop] = TitoAgentLoop, **options: Any
+) -> Any:
+    """A `TitoAgentLoop` built with the arguments verl's worker gives it (`options`: the YAML
+    entry's keys, `agent` among them)."""
+    config = trainer_config()
+    return loop_class(
+        trainer_config=DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=load_tokenizer(),
+        processor=None,
+        dataset_cls=None,
+        data_config=DictConfigWrap(config.data),
+        **options,
+    )
+
+
+def address_of(base_url: str) -> str:
+    """`http://host:port/v1` -> `host:port`, the form verl's server ids take."""
+    return base_url.removeprefix("http://").removesuffix("/v1")
+
+
+# ---- agents the tests name in their agent-loop YAML (`agent: tests.support.verl_loop:NAME`) ----
+
+WEATHER_TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+OBSERVATION = "18C, sunny"
+
+
+async def served_model(client: Any) -> str:
+    """The model the server serves (verl's vLLM serves the model under its local path)."""
+    models = await client.models.list()
+    return str(models.data[0].id)
+
+
+async def weather_agent(prompt: Any, client: Any, reward_model: Any = None) -> float:
+    """A plain openai tool agent: calls the weather tool, reads the result, answers; reward 1
+    when the answer holds the row's ground truth."""
+    model = await served_model(client)
+    messages: Any = list(prompt)
+    answer = ""
+    for _ in range(3):
+        response = await client.chat.completions.create(
+            model=model, messages=messages, tools=WEATHER_TOOLS, max_tokens=64
+        )
+        message = response.choices[0].message
+        messages.append(
+            message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+        )
+        if not message.tool_calls:
+            answer = message.content or ""
+            break
+        for call in message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": OBSERVATION})
+    truth = (reward_model or {}).get("ground_truth", "sunny")
+    return 1.0 if truth in answer else 0.0
+
+
+async def short_agent(prompt: Any, client: Any) -> float:
+    """One short chat call; reward 1 when the model said anything."""
+    response = await client.chat.completions.create(
+        model=await served_model(client), messages=list(prompt), max_tokens=8, temperature=1.0
+    )
+    return 1.0 if response.choices[0].message.content else 0.0

@@ -10,7 +10,7 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
 
-.PHONY: demo rl-step rl-loop wheels test test-core test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
+.PHONY: demo rl-step rl-loop wheels test test-core test-verl test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
 
 # Real services the tests drive: Redis (sinks), Chromium (the HTML sample inspector) and Node.js
 # with npm (the official openai Node client through the capture gateway).
@@ -77,6 +77,26 @@ $(CORE_STAMP): pyproject.toml hatch_build.py
 	$(CORE_VENV)/bin/python -m pip install -q . $(CORE_TOOLS) 2>&1 | grep -v '^WARNING: Location' || true
 	cd $(CORE_VENV) && bin/python -c "import tito_agents, pytest, pytest_asyncio, pytest_timeout, hypothesis"
 	$(CORE_VENV)/bin/python -m pip freeze > $@
+
+# The verl agent loop (tito_agents.rl.verl_loop) against the real verl, in an environment of its
+# own: verl pins its own transformers, ray and hydra, and is no dependency of tito-agents. torch is
+# the CPU build (named exactly, or pip fetches the CUDA one); cachetools, fastapi and uvicorn are
+# imported by verl's agent loop without being declared by it. The loop's tests run there, with the
+# verl converter's, and its real-vLLM test (the server is started and stopped by the e2e fixtures,
+# on TITO_VLLM_PORT: one already ready there is reused).
+VERL_VENV := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+VERL_PINS := verl==0.9.1 torch==2.13.0 cachetools fastapi uvicorn
+test-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest -p no:cacheprovider tests/verl tests/unit/test_convert_verl_real.py
+	$(VERL_VENV)/bin/python -m pytest -p no:cacheprovider -m e2e tests/e2e/test_verl_loop_real.py
+
+$(VERL_STAMP): pyproject.toml
+	rm -rf $(VERL_VENV) && $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q -e '.[testing]' $(VERL_PINS) $(CORE_TOOLS) \
+	    2>&1 | grep -v '^WARNING: Location' || true
+	$(VERL_VENV)/bin/python -c "import tito_agents.rl.verl_loop, pytest_asyncio, pytest_timeout"
+	touch $@
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not e2e and not install"

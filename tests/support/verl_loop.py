@@ -1,15 +1,18 @@
 """What the verl agent-loop tests build verl's objects from, without GPUs: a tiny Hugging Face
 model folder (the shipped SmolLM2 tokenizer beside a one-layer Llama config: verl's
-`HFModelConfig` reads both, no weights), verl's own generated trainer config pointed at it, and a
-stand-in for the `LLMServerClient` whose load balancer hands out server addresses.
+`HFModelConfig` reads both, no weights), verl's own generated trainer config pointed at it, and
+verl's own `LLMServerClient` and load balancer over given servers, Ray's actor calls done in
+process (`LocalActor`).
 
 Needs verl (tests/verl and tests/e2e/test_verl_loop_real.py import it only where it is
 installed: `make test-verl`)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import verl
@@ -59,24 +62,35 @@ def trainer_config(model: Path | None = None, agent_loop_config_path: Path | Non
     return config
 
 
-class StubServerClient:
-    """verl's `LLMServerClient` as the agent loop uses it: `_acquire_server` answers the address
-    its load balancer picked (verl's server ids are the servers' `host:port`), `_release_server`
-    gives it back. The real one asks a Ray actor. (A plain class: hydra would turn a dataclass
-    handed to `instantiate` into a config node.)"""
+class LocalActor:
+    """A Ray actor handle's calling convention over a local object: `handle.method.remote(...)`
+    runs the method at once and returns a done future (awaited, or dropped as verl drops
+    `release_server`'s). Lets verl's own `LLMServerClient` and `GlobalRequestLoadBalancer` run
+    without a Ray cluster."""
 
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.acquired: list[str] = []
-        self.released: list[str] = []
+    def __init__(self, target: Any) -> None:
+        self._target = target
 
-    async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, None]:
-        self.acquired.append(request_id)
-        return self.address, None
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._target, name)
 
-    def _release_server(self, server_id: str, request_id: str | None = None) -> None:
-        assert server_id == self.address
-        self.released.append(str(request_id))
+        def remote(*args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(method(*args, **kwargs))
+            return future
+
+        return SimpleNamespace(remote=remote)
+
+
+def rollout_servers(*base_urls: str) -> tuple[Any, Any]:
+    """verl's `LLMServerClient` over verl's `GlobalRequestLoadBalancer` of these servers (keyed
+    by `host:port`, as `LLMServerManager` registers its replicas' addresses): (client, balancer)."""
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    balancer = GlobalRequestLoadBalancer(servers={address_of(url): None for url in base_urls})
+    client = LLMServerClient(config=trainer_config(), load_balancer_handle=LocalActor(balancer))
+    return client, balancer
 
 
 def make_loop(

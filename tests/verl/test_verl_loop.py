@@ -26,10 +26,10 @@ torch = pytest.importorskip("torch", reason="verl needs torch")
 from tests.support.sessions_fake import responder  # noqa: E402
 from tests.support.verl_loop import (  # noqa: E402
     OBSERVATION,
-    StubServerClient,
-    address_of,
+    LocalActor,
     make_loop,
     model_dir,
+    rollout_servers,
     served_model,
     trainer_config,
 )
@@ -53,8 +53,17 @@ def server() -> Any:
 
 
 @pytest.fixture
-def stub(server: Any) -> StubServerClient:
-    return StubServerClient(address_of(server.base_url))
+def balancer(server: Any) -> Any:
+    """verl's `GlobalRequestLoadBalancer` over the fake server (in-flight counts, sticky ids)."""
+    return rollout_servers(server.base_url)[1]
+
+
+@pytest.fixture
+def llm_client(balancer: Any) -> Any:
+    """verl's `LLMServerClient` over `balancer`: what verl's worker hands the agent loop."""
+    from verl.workers.rollout.llm_server import LLMServerClient
+
+    return LLMServerClient(config=trainer_config(), load_balancer_handle=LocalActor(balancer))
 
 
 async def run(loop: Any, **row: Any) -> Any:
@@ -70,7 +79,7 @@ def test_registered_in_verls_registry() -> None:
     assert issubclass(TitoAgentLoop, agent_loop.AgentLoopBase)
 
 
-async def test_a_subclass_registered_by_name_runs_its_agent(stub: StubServerClient) -> None:
+async def test_a_subclass_registered_by_name_runs_its_agent(llm_client: Any) -> None:
     """The verl way without YAML: `@register(name)` on a subclass that sets `agent`."""
 
     async def solve(prompt: Any, client: Any) -> float:
@@ -84,17 +93,17 @@ async def test_a_subclass_registered_by_name_runs_its_agent(stub: StubServerClie
         agent = staticmethod(solve)
 
     assert agent_loop._agent_loop_registry["solve_agent"]["_target_"].endswith("SolveLoop")
-    out = await run(make_loop(stub, loop_class=SolveLoop))
+    out = await run(make_loop(llm_client, loop_class=SolveLoop))
     assert isinstance(out, agent_loop.AgentLoopOutput) and out.reward_score == 0.5
 
 
 async def test_run_returns_verls_output_of_a_multi_turn_tool_episode(
-    stub: StubServerClient,
+    llm_client: Any, balancer: Any
 ) -> None:
     """A plain openai tool agent, the server from verl's load balancer: one row whose response
     holds both model turns, the tool result between them at mask 0, the sampled tokens' logprobs,
     the agent's reward (from the row's `reward_model`) and the row's global steps."""
-    loop = make_loop(stub, agent="tests.support.verl_loop:weather_agent")
+    loop = make_loop(llm_client, agent="tests.support.verl_loop:weather_agent")
     out = await run(
         loop, uid="u1", global_steps=torch.tensor(7), reward_model={"ground_truth": "sunny"}
     )
@@ -111,13 +120,16 @@ async def test_run_returns_verls_output_of_a_multi_turn_tool_episode(
     assert (logprobs[mask == 1] < 0).all() and (logprobs[mask == 0] == 0).all()
     assert out.extra_fields["min_global_steps"] == out.extra_fields["max_global_steps"] == 7
     assert out.extra_fields["uid"] == "u1"
-    assert len(stub.acquired) == 1 and stub.released == stub.acquired  # held for the episode
+    assert out.extra_fields["tito_failure"] is None
+    # the episode's server came from verl's balancer and went back to it
+    assert len(balancer._request_id_to_server) == 1
+    assert list(balancer._inflight_requests.values()) == [0]
 
 
-async def test_v1_trainer_casts_the_global_steps_of_our_rows(stub: StubServerClient) -> None:
+async def test_v1_trainer_casts_the_global_steps_of_our_rows(llm_client: Any) -> None:
     """verl's v1 trainer reads the rows' `min/max_global_steps` tags with `dtype=int`
     (`trainer_base.py`); an unset one is None there, a TypeError."""
-    loop = make_loop(stub, agent="tests.support.verl_loop:weather_agent")
+    loop = make_loop(llm_client, agent="tests.support.verl_loop:weather_agent")
     outs = [
         await run(loop, uid="u", global_steps=3),
         await run(loop, uid="u", global_steps=np.int64(4)),
@@ -131,7 +143,7 @@ async def test_v1_trainer_casts_the_global_steps_of_our_rows(stub: StubServerCli
 
 
 async def test_verls_worker_picks_the_loop_by_agent_name_and_batches_its_rows(
-    tmp_path: Path, stub: StubServerClient
+    tmp_path: Path, llm_client: Any
 ) -> None:
     """The highest verl layer that runs on CPU: `AgentLoopWorker` (built from verl's generated
     trainer config, a tiny model folder and the agent-loop YAML) runs a `DataProto` batch whose
@@ -144,7 +156,7 @@ async def test_verls_worker_picks_the_loop_by_agent_name_and_batches_its_rows(
         "  agent: tests.support.verl_loop:weather_agent\n"
     )
     config = trainer_config(model_dir(tmp_path), yaml)
-    worker = agent_loop.AgentLoopWorker(config, llm_client=stub)
+    worker = agent_loop.AgentLoopWorker(config, llm_client=llm_client)
     from verl.protocol import DataProto
 
     n = 3
@@ -171,7 +183,7 @@ async def test_verls_worker_picks_the_loop_by_agent_name_and_batches_its_rows(
     assert data.non_tensor_batch["__num_turns__"].tolist() == [2, 2, 2]
 
 
-async def test_failed_episodes_give_rows_that_train_nothing(stub: StubServerClient) -> None:
+async def test_failed_episodes_give_rows_that_train_nothing(llm_client: Any) -> None:
     """An agent that raises, makes no captured call, or returns a reward that is not a finite
     number: a row verl batches like any other (mask 0, reward 0.0, logprobs 0.0) saying why."""
     FAILURES.clear()
@@ -194,7 +206,7 @@ async def test_failed_episodes_give_rows_that_train_nothing(stub: StubServerClie
     agents = [raises, no_call] + [returning(v) for v in (math.nan, math.inf, 1e39, "1.0", None)]
     outs = []
     for agent in agents:
-        loop = make_loop(stub, loop_class=type("L", (TitoAgentLoop,), {"agent": agent}))
+        loop = make_loop(llm_client, loop_class=type("L", (TitoAgentLoop,), {"agent": agent}))
         outs.append(await run(loop, global_steps=2))
     assert FAILURES == {"agent_error": 1, "no_call": 1, "bad_reward": 5}
     reasons = [o.extra_fields["tito_failure"] for o in outs]
@@ -210,15 +222,17 @@ async def test_failed_episodes_give_rows_that_train_nothing(stub: StubServerClie
 
 
 async def test_a_failed_row_batches_beside_good_ones_in_verls_postprocess(
-    stub: StubServerClient,
+    llm_client: Any,
 ) -> None:
     """verl concatenates `rollout_log_probs` of all rows or none: the failed row has its own."""
 
     async def raises(prompt: Any, client: Any) -> float:
         raise ValueError("boom")
 
-    good = await run(make_loop(stub, agent="tests.support.verl_loop:weather_agent"))
-    bad = await run(make_loop(stub, loop_class=type("L", (TitoAgentLoop,), {"agent": raises})))
+    good = await run(make_loop(llm_client, agent="tests.support.verl_loop:weather_agent"))
+    bad = await run(
+        make_loop(llm_client, loop_class=type("L", (TitoAgentLoop,), {"agent": raises}))
+    )
     worker = object.__new__(agent_loop.AgentLoopWorker)
     worker.tokenizer = load_tokenizer()
     worker.processor = None
@@ -239,9 +253,9 @@ async def test_a_failed_row_batches_beside_good_ones_in_verls_postprocess(
     assert data.non_tensor_batch["tito_failure"].tolist()[0] is None
 
 
-async def test_all_equal_rewards_give_zero_advantage_in_verls_grpo(stub: StubServerClient) -> None:
+async def test_all_equal_rewards_give_zero_advantage_in_verls_grpo(llm_client: Any) -> None:
     """A group whose episodes all score the same: verl's GRPO gives every token advantage 0."""
-    loop = make_loop(stub, agent="tests.support.verl_loop:weather_agent")
+    loop = make_loop(llm_client, agent="tests.support.verl_loop:weather_agent")
     outs = [await run(loop, uid="g") for _ in range(3)]
     assert {o.reward_score for o in outs} == {1.0}
     width = max(len(o.response_ids) for o in outs)
@@ -267,11 +281,13 @@ async def two_conversations(prompt: Any, client: Any) -> float:
 
 
 async def test_linked_segments_are_rows_sharing_the_reward_where_the_worker_takes_a_list(
-    stub: StubServerClient,
+    llm_client: Any,
 ) -> None:
     """v1's `AgentLoopWorkerTQ` (it passes `session_id`) takes a list: one row per segment,
     each with the episode's reward and one trajectory id."""
-    loop = make_loop(stub, loop_class=type("L", (TitoAgentLoop,), {"agent": two_conversations}))
+    loop = make_loop(
+        llm_client, loop_class=type("L", (TitoAgentLoop,), {"agent": two_conversations})
+    )
     outs = await run(loop, uid="g", session_id=0, global_steps=5)
     assert isinstance(outs, list) and len(outs) == 2
     assert [o.reward_score for o in outs] == [0.75, 0.75]
@@ -280,10 +296,12 @@ async def test_linked_segments_are_rows_sharing_the_reward_where_the_worker_take
 
 
 async def test_linked_segments_are_refused_with_the_reason_by_the_classic_worker(
-    stub: StubServerClient,
+    llm_client: Any,
 ) -> None:
     FAILURES.clear()
-    loop = make_loop(stub, loop_class=type("L", (TitoAgentLoop,), {"agent": two_conversations}))
+    loop = make_loop(
+        llm_client, loop_class=type("L", (TitoAgentLoop,), {"agent": two_conversations})
+    )
     out = await run(loop, uid="g")
     assert isinstance(out, agent_loop.AgentLoopOutput) and out.response_mask == [0]
     assert "2 linked segments" in out.extra_fields["tito_failure"]
@@ -309,16 +327,16 @@ def test_an_unsupported_verl_is_named_with_the_supported_ones() -> None:
 
 
 async def test_a_loop_without_an_agent_or_with_a_bad_path_says_what_to_write(
-    stub: StubServerClient,
+    llm_client: Any,
 ) -> None:
     from tito_agents.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="agent: module:function"):
-        make_loop(stub)
+        make_loop(llm_client)
     with pytest.raises(ConfigurationError, match="must be 'module:function'"):
-        make_loop(stub, agent="tests.support.verl_loop.weather_agent")
+        make_loop(llm_client, agent="tests.support.verl_loop.weather_agent")
     with pytest.raises(ConfigurationError, match="async def"):
-        make_loop(stub, agent="tests.support.verl_loop:address_of")
+        make_loop(llm_client, agent="tests.support.verl_loop:address_of")
     assert verl_loop.load_agent("tests.support.verl_loop:weather_agent").__name__ == (
         "weather_agent"
     )

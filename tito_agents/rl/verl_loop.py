@@ -250,7 +250,8 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
 
     @staticmethod
     def _output(record: dict[str, Any], steps: int | None) -> AgentLoopOutput:
-        extra = dict(record.pop("extra_fields"))
+        # every row carries the key (None here): verl concatenates batches on a stable key set
+        extra = {**record.pop("extra_fields"), "tito_failure": None}
         if steps is not None:
             extra.update(min_global_steps=steps, max_global_steps=steps)
         record["metrics"] = AgentLoopMetrics()

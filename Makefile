@@ -81,12 +81,13 @@ $(CORE_STAMP): pyproject.toml hatch_build.py
 # The verl agent loop (tito_agents.rl.verl_loop) against the real verl, in an environment of its
 # own: verl pins its own transformers, ray and hydra, and is no dependency of tito-agents. torch is
 # the CPU build (named exactly, or pip fetches the CUDA one); cachetools, fastapi and uvicorn are
-# imported by verl's agent loop without being declared by it. The loop's tests run there, with the
-# verl converter's, and its real-vLLM test (the server is started and stopped by the e2e fixtures,
-# on TITO_VLLM_PORT: one already ready there is reused).
+# imported by verl's agent loop without being declared by it; TransferQueue is the data plane of
+# verl's v1 trainer, whose worker the tests drive (verl's `verl-core` extra). The loop's tests run
+# there with the verl converter's, then its real-vLLM test (the e2e fixtures start and stop the
+# server on TITO_VLLM_PORT; one already ready there is reused).
 VERL_VENV := .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
-VERL_PINS := verl==0.9.1 torch==2.13.0 cachetools fastapi uvicorn
+VERL_PINS := verl==0.9.1 torch==2.13.0 TransferQueue==0.1.11 cachetools fastapi uvicorn
 test-verl: $(VERL_STAMP)
 	$(VERL_VENV)/bin/python -m pytest -p no:cacheprovider tests/verl tests/unit/test_convert_verl_real.py
 	$(VERL_VENV)/bin/python -m pytest -p no:cacheprovider -m e2e tests/e2e/test_verl_loop_real.py

@@ -169,3 +169,13 @@ async def short_agent(prompt: Any, client: Any) -> float:
         model=await served_model(client), messages=list(prompt), max_tokens=8, temperature=1.0
     )
     return 1.0 if response.choices[0].message.content else 0.0
+
+
+async def two_conversations(prompt: Any, client: Any) -> float:
+    """Two calls whose histories do not chain: one episode of two linked segments."""
+    model = await served_model(client)
+    for text in ("First question?", "An unrelated second question?"):
+        await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": text}], max_tokens=8
+        )
+    return 0.75

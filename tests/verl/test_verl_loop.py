@@ -32,6 +32,7 @@ from tests.support.verl_loop import (  # noqa: E402
     rollout_servers,
     served_model,
     trainer_config,
+    two_conversations,
 )
 from tito_agents.rl import verl_loop  # noqa: E402
 from tito_agents.rl.verl_loop import (  # noqa: E402
@@ -268,16 +269,6 @@ async def test_all_equal_rewards_give_zero_advantage_in_verls_grpo(llm_client: A
         scores, mask, np.array(["g"] * len(outs), dtype=object)
     )
     assert torch.count_nonzero(advantages) == 0
-
-
-async def two_conversations(prompt: Any, client: Any) -> float:
-    """Two calls whose histories do not chain: two linked segments of one episode."""
-    model = await served_model(client)
-    for text in ("First question?", "An unrelated second question?"):
-        await client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": text}], max_tokens=8
-        )
-    return 0.75
 
 
 async def test_linked_segments_are_rows_sharing_the_reward_where_the_worker_takes_a_list(

@@ -250,8 +250,10 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
 
     @staticmethod
     def _output(record: dict[str, Any], steps: int | None) -> AgentLoopOutput:
-        # every row carries the key (None here): verl concatenates batches on a stable key set
-        extra = {**record.pop("extra_fields"), "tito_failure": None}
+        # every row carries the key (None here): verl concatenates batches on a stable key set;
+        # v1's worker copies the last row's `reward_extra_info` to a list's other rows (it is
+        # only set when verl computed the reward)
+        extra = {**record.pop("extra_fields"), "tito_failure": None, "reward_extra_info": {}}
         if steps is not None:
             extra.update(min_global_steps=steps, max_global_steps=steps)
         record["metrics"] = AgentLoopMetrics()
@@ -271,7 +273,7 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
                 )
             )
         end = self.tokenizer.eos_token_id
-        extra: dict[str, Any] = {"tito_failure": reason}
+        extra: dict[str, Any] = {"tito_failure": reason, "reward_extra_info": {}}
         if steps is not None:
             extra.update(min_global_steps=steps, max_global_steps=steps)
         return AgentLoopOutput(

@@ -94,11 +94,16 @@ def rollout_servers(*base_urls: str) -> tuple[Any, Any]:
 
 
 def make_loop(
-    server: Any, *, loop_class: type[TitoAgentLoop] = TitoAgentLoop, **options: Any
+    server: Any,
+    *,
+    loop_class: type[TitoAgentLoop] = TitoAgentLoop,
+    response_length: int = RESPONSE_LENGTH,
+    **options: Any,
 ) -> Any:
     """A `TitoAgentLoop` built with the arguments verl's worker gives it (`options`: the YAML
     entry's keys, `agent` among them)."""
     config = trainer_config()
+    config.actor_rollout_ref.rollout.response_length = response_length
     return loop_class(
         trainer_config=DictConfigWrap(config),
         server_manager=server,
@@ -143,6 +148,8 @@ async def served_model(client: Any) -> str:
 async def weather_agent(prompt: Any, client: Any, reward_model: Any = None) -> float:
     """A plain openai tool agent: calls the weather tool, reads the result, answers; reward 1
     when the answer holds the row's ground truth."""
+    if not (isinstance(prompt, list) and all(type(m) is dict for m in prompt)):
+        raise TypeError(f"the prompt is {type(prompt).__name__}, not a list of messages")
     model = await served_model(client)
     messages: Any = list(prompt)
     answer = ""

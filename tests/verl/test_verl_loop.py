@@ -254,6 +254,20 @@ async def test_a_failed_row_batches_beside_good_ones_in_verls_postprocess(
     assert data.non_tensor_batch["tito_failure"].tolist()[0] is None
 
 
+async def test_a_response_longer_than_verls_response_length_is_cut_as_verl_cuts(
+    llm_client: Any,
+) -> None:
+    """verl pads every row to `rollout.response_length` and cannot take a longer one: the tail
+    goes, as in verl's own loops; ids, mask and logprobs stay aligned."""
+    full = await run(make_loop(llm_client, agent="tests.support.verl_loop:weather_agent"))
+    loop = make_loop(llm_client, agent="tests.support.verl_loop:weather_agent", response_length=8)
+    cut = await run(loop)
+    assert len(full.response_ids) > 8
+    assert cut.response_ids == full.response_ids[:8]
+    assert cut.response_mask == full.response_mask[:8]
+    assert len(cut.response_logprobs) == 8 and cut.prompt_ids == full.prompt_ids
+
+
 async def test_all_equal_rewards_give_zero_advantage_in_verls_grpo(llm_client: Any) -> None:
     """A group whose episodes all score the same: verl's GRPO gives every token advantage 0."""
     loop = make_loop(llm_client, agent="tests.support.verl_loop:weather_agent")

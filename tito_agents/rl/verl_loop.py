@@ -90,7 +90,7 @@ through the collector-wrapped `client`; None keeps the reward it set on the epis
 
 FAILURES: Counter[str] = Counter()
 """Failed episodes in this process, by kind ("agent_error", "no_call", "bad_reward",
-"segments")."""
+"segments", "no_prompt")."""
 
 _collector: Collector | None = None
 
@@ -148,6 +148,15 @@ def finite_reward(value: object) -> float | None:
     return float(value)
 
 
+def prompt_of(row: Mapping[str, Any]) -> str | list[dict[str, Any]]:
+    """The row's `raw_prompt` as the agent gets it: a list of chat messages (verl's batch holds it
+    as a numpy object array, which an openai client cannot send), or a plain string."""
+    raw = row.get("raw_prompt")
+    if raw is None:
+        raise EpisodeFailure("no_prompt", "the dataset row has no raw_prompt")
+    return raw if isinstance(raw, str) else [dict(message) for message in raw]
+
+
 def global_steps_of(row: Mapping[str, Any]) -> int | None:
     """The row's `global_steps` (v1 hands it to the loop as a 0-d tensor or number)."""
     value = row.get("global_steps")
@@ -188,7 +197,8 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
         """One episode of the agent on the row's prompt; its rows, or a failed row saying why."""
         steps = global_steps_of(kwargs)
         try:
-            samples = await self._episode(kwargs)
+            prompt = prompt_of(kwargs)
+            samples = await self._episode(prompt, kwargs)
             if len(samples) > 1 and "session_id" not in kwargs:
                 raise EpisodeFailure(
                     "segments",
@@ -200,10 +210,10 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
         except EpisodeFailure as failure:
             FAILURES[failure.kind] += 1
             logger.warning("tito_agent: episode gives no trainable row: %s", failure)
-            return self._failed_output(kwargs, str(failure), steps)
+            return self._failed_output(kwargs.get("raw_prompt"), str(failure), steps)
         return outputs if len(outputs) > 1 else outputs[0]
 
-    async def _episode(self, row: Mapping[str, Any]) -> list[Sample]:
+    async def _episode(self, prompt: Any, row: Mapping[str, Any]) -> list[Sample]:
         collector = shared_collector()
         group = str(row.get("uid", row.get("index", uuid.uuid4().hex)))
         fields = {k: v for k, v in row.items() if k != "raw_prompt"}
@@ -212,9 +222,7 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
             try:
                 async with collector.episode(group_id=group, sessions=self._sessions) as ep:
                     reward = finite_reward(
-                        await self._agent(
-                            row.get("raw_prompt"), client, **agent_fields(self._agent, fields)
-                        )
+                        await self._agent(prompt, client, **agent_fields(self._agent, fields))
                     )
                     if reward is not None:
                         ep.set_reward(reward)
@@ -248,8 +256,7 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
         finally:
             self.server_manager._release_server(server_id, request_id=request_id)
 
-    @staticmethod
-    def _output(record: dict[str, Any], steps: int | None) -> AgentLoopOutput:
+    def _output(self, record: dict[str, Any], steps: int | None) -> AgentLoopOutput:
         # every row carries the key (None here): verl concatenates batches on a stable key set;
         # v1's worker copies the last row's `reward_extra_info` to a list's other rows (it is
         # only set when verl computed the reward)
@@ -257,19 +264,30 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
         if steps is not None:
             extra.update(min_global_steps=steps, max_global_steps=steps)
         record["metrics"] = AgentLoopMetrics()
+        # verl pads to rollout.prompt_length / response_length and cannot take longer rows: cut
+        # them as verl's own loops do (the oldest prompt tokens, the response's tail)
+        record["prompt_ids"] = self._cap_text_prompt_length(record["prompt_ids"])
+        limit = int(self.rollout_config.response_length)
+        if len(record["response_ids"]) > limit:
+            logger.warning(
+                "tito_agent: response of %d tokens exceeds rollout.response_length=%d; cut",
+                len(record["response_ids"]),
+                limit,
+            )
+            for key in ("response_ids", "response_mask", "response_logprobs"):
+                if record[key] is not None:
+                    record[key] = record[key][:limit]
         return AgentLoopOutput(**record, extra_fields=extra)
 
-    def _failed_output(
-        self, row: Mapping[str, Any], reason: str, steps: int | None
-    ) -> AgentLoopOutput:
+    def _failed_output(self, prompt: Any, reason: str, steps: int | None) -> AgentLoopOutput:
         """A row verl pads and batches like any other that trains nothing."""
-        prompt = row.get("raw_prompt")
         if isinstance(prompt, str):
             prompt_ids = list(self.tokenizer.encode(prompt))
         else:
+            messages = [] if prompt is None else [dict(message) for message in prompt]
             prompt_ids = list(
                 self.tokenizer.apply_chat_template(
-                    list(prompt or []), add_generation_prompt=True, tokenize=True, return_dict=False
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
                 )
             )
         end = self.tokenizer.eos_token_id
@@ -277,7 +295,7 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
         if steps is not None:
             extra.update(min_global_steps=steps, max_global_steps=steps)
         return AgentLoopOutput(
-            prompt_ids=prompt_ids,
+            prompt_ids=self._cap_text_prompt_length(prompt_ids),
             response_ids=[0 if end is None else int(end)],
             response_mask=[0],
             response_logprobs=[0.0],

@@ -82,8 +82,9 @@ $(CORE_STAMP): pyproject.toml hatch_build.py
 # own: verl pins its own transformers, ray and hydra, and is no dependency of tito-agents. torch is
 # the CPU build (named exactly, or pip fetches the CUDA one); cachetools, fastapi and uvicorn are
 # imported by verl's agent loop without being declared by it; TransferQueue is the data plane of
-# verl's v1 trainer, whose worker the tests drive (verl's `verl-core` extra). The loop's tests run
-# there with the verl converter's, then its real-vLLM test (the e2e fixtures start and stop the
+# verl's v1 trainer, whose worker the tests drive (verl's `verl-core` extra); the integrations and
+# LangChain run a LangGraph and an Agents SDK agent in the loop. The loop's tests run there with
+# the verl converter's, then its real-vLLM test (the e2e fixtures start and stop the
 # server on TITO_VLLM_PORT; one already ready there is reused).
 VERL_VENV := .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
@@ -95,8 +96,9 @@ test-verl: $(VERL_STAMP)
 $(VERL_STAMP): pyproject.toml
 	rm -rf $(VERL_VENV) && $(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/python -m pip install -q -e '.[testing]' $(VERL_PINS) $(CORE_TOOLS) \
-	    2>&1 | grep -v '^WARNING: Location' || true
+	    $(foreach p,$(INTEGRATIONS),-e $(p)) langchain 2>&1 | grep -v '^WARNING: Location' || true
 	$(VERL_VENV)/bin/python -c "import tito_agents.rl.verl_loop, pytest_asyncio, pytest_timeout"
+	$(VERL_VENV)/bin/python -c "import tito_agents_langchain, tito_agents_openai_agents, langchain"
 	touch $@
 
 test-fast: $(STAMP)

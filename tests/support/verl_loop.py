@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import openai
 import verl
 from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
@@ -186,3 +187,48 @@ async def two_conversations(prompt: Any, client: Any) -> float:
             model=model, messages=[{"role": "user", "content": text}], max_tokens=8
         )
     return 0.75
+
+
+def get_weather(city: str) -> str:
+    """Get the current weather in a city."""
+    return OBSERVATION
+
+
+async def langgraph_agent(prompt: Any, client: Any, base_url: str, collector: Any) -> float:
+    """An unmodified LangGraph agent (LangChain's `create_agent`) whose `ChatOpenAI` is built
+    from the loop's `base_url` and wrapped with its `collector`."""
+    from langchain.agents import create_agent
+    from langchain_openai import ChatOpenAI
+    from tito_agents_langchain import wrap
+
+    model = await served_model(client)
+    # its own HTTP client, closed at the end (LangChain's default one lives for the process)
+    async with openai.DefaultAsyncHttpxClient() as http:
+        llm = ChatOpenAI(
+            model=model, base_url=base_url, api_key="EMPTY", max_tokens=64, http_async_client=http
+        )
+        graph = create_agent(wrap(llm, collector), tools=[get_weather])
+        result = await graph.ainvoke({"messages": prompt})
+    return 1.0 if "sunny" in str(result["messages"][-1].content) else 0.0
+
+
+async def agents_sdk_agent(prompt: Any, client: Any) -> float:
+    """An unmodified OpenAI Agents SDK agent on the client the loop hands it."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    agent = Agent(
+        name="weather",
+        model=OpenAIChatCompletionsModel(model=await served_model(client), openai_client=client),
+        model_settings=ModelSettings(max_tokens=64),
+        tools=[function_tool(get_weather)],
+    )
+    result = await Runner.run(agent, prompt)
+    return 1.0 if "sunny" in str(result.final_output) else 0.0

@@ -127,6 +127,26 @@ async def test_run_returns_verls_output_of_a_multi_turn_tool_episode(
     assert list(balancer._inflight_requests.values()) == [0]
 
 
+@pytest.mark.parametrize(
+    ("agent", "framework"),
+    [("langgraph_agent", "langchain"), ("agents_sdk_agent", "agents")],
+)
+async def test_framework_agents_run_unmodified_as_one_row(
+    llm_client: Any, agent: str, framework: str
+) -> None:
+    """A LangGraph agent (its own `ChatOpenAI` from the loop's `base_url`, wrapped with the
+    loop's `collector`) and an Agents SDK agent (on the client handed in): one row each, both
+    model turns trained, the tool result between them at mask 0."""
+    pytest.importorskip(framework, reason=f"{framework} is not installed")
+    out = await run(make_loop(llm_client, agent=f"tests.support.verl_loop:{agent}"))
+    assert isinstance(out, agent_loop.AgentLoopOutput), out
+    assert out.extra_fields["tito_failure"] is None and out.reward_score == 1.0
+    assert out.num_turns == 2
+    mask = np.asarray(out.response_mask)
+    tool_part = np.asarray(out.response_ids)[mask == 0].tolist()
+    assert OBSERVATION in load_tokenizer().decode(tool_part)
+
+
 async def test_v1_trainer_casts_the_global_steps_of_our_rows(llm_client: Any) -> None:
     """verl's v1 trainer reads the rows' `min/max_global_steps` tags with `dtype=int`
     (`trainer_base.py`); an unset one is None there, a TypeError."""

@@ -20,7 +20,9 @@ template tokens, the sampled tokens' logprobs, the reward, and `min_global_steps
 loop; they stay unset under the classic trainer, which does not read them).
 
 The agent gets the row's `raw_prompt` (chat messages) and the client, plus any other dataset
-field it names as a keyword (`reward_model`, `extra_info`, `data_source`, ... or `**fields`).
+field it names as a keyword (`reward_model`, `extra_info`, `data_source`, ... or `**fields`), and
+`base_url` (the server's) and `collector` (the loop's), for a framework agent that builds its own
+model client (LangChain's `wrap(ChatOpenAI(base_url=base_url, ...), collector)`).
 
 Linked segments (an episode whose calls do not chain into one sequence: several agents, a
 rewritten history) become one row each, every row with the episode's reward, where the worker
@@ -216,9 +218,12 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
     async def _episode(self, prompt: Any, row: Mapping[str, Any]) -> list[Sample]:
         collector = shared_collector()
         group = str(row.get("uid", row.get("index", uuid.uuid4().hex)))
-        fields = {k: v for k, v in row.items() if k != "raw_prompt"}
         async with self._server(uuid.uuid4().hex) as base_url:
             client = collector.wrap(openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY"))
+            # what a framework agent builds its own model client from (LangChain's
+            # `wrap(ChatOpenAI(base_url=...), collector)`), beside the row's fields
+            fields = {**row, "base_url": base_url, "collector": collector}
+            fields.pop("raw_prompt", None)
             try:
                 async with collector.episode(group_id=group, sessions=self._sessions) as ep:
                     reward = finite_reward(

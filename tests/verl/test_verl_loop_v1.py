@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+agent_loop = pytest.importorskip(
+    "verl.experimental.agent_loop.agent_loop",
+    reason="verl is not installed here (make test-verl runs these in .venv-verl)",
+)
 pytest.importorskip(
     "transfer_queue", reason="TransferQueue (verl's v1 data plane) is not installed"
 )
-tq_worker = pytest.importorskip(
-    "verl.trainer.ppo.v1.agent_loop_tq",
-    reason="verl is not installed here (make test-verl runs these in .venv-verl)",
-)
-agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop")
+tq_worker = pytest.importorskip("verl.trainer.ppo.v1.agent_loop_tq")
 torch = pytest.importorskip("torch", reason="verl needs torch")
 
 from tests.support.sessions_fake import responder  # noqa: E402

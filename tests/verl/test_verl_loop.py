@@ -229,7 +229,14 @@ async def test_failed_episodes_give_rows_that_train_nothing(llm_client: Any) -> 
     for agent in agents:
         loop = make_loop(llm_client, loop_class=type("L", (TitoAgentLoop,), {"agent": agent}))
         outs.append(await run(loop, global_steps=2))
-    assert FAILURES == {"agent_error": 1, "no_call": 1, "bad_reward": 5}
+    no_prompt = await run(
+        make_loop(llm_client, agent="tests.support.verl_loop:weather_agent"),
+        raw_prompt=None,
+        global_steps=2,
+    )
+    assert FAILURES == {"agent_error": 1, "no_call": 1, "bad_reward": 5, "no_prompt": 1}
+    assert "no raw_prompt" in no_prompt.extra_fields["tito_failure"]
+    assert no_prompt.response_mask == [0] and no_prompt.prompt_ids
     reasons = [o.extra_fields["tito_failure"] for o in outs]
     assert "RuntimeError: tool backend down" in reasons[0]
     assert "no captured call" in reasons[1]
@@ -240,6 +247,18 @@ async def test_failed_episodes_give_rows_that_train_nothing(llm_client: Any) -> 
         assert out.response_mask == [0] and out.reward_score == 0.0
         assert out.response_logprobs == [0.0] and out.prompt_ids
         assert out.extra_fields["min_global_steps"] == 2
+
+
+async def test_a_numpy_reward_is_a_number(llm_client: Any) -> None:
+    async def agent(prompt: Any, client: Any) -> Any:
+        await client.chat.completions.create(
+            model=await served_model(client), messages=prompt, max_tokens=4
+        )
+        return np.float32(0.5)
+
+    loop = make_loop(llm_client, loop_class=type("L", (TitoAgentLoop,), {"agent": agent}))
+    out = await run(loop)
+    assert out.extra_fields["tito_failure"] is None and out.reward_score == 0.5
 
 
 async def test_a_failed_row_batches_beside_good_ones_in_verls_postprocess(

@@ -43,6 +43,7 @@ import importlib
 import inspect
 import logging
 import math
+import numbers
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -141,9 +142,9 @@ def finite_reward(value: object) -> float | None:
     """`value` as a finite float (None stays None), or `EpisodeFailure` saying what it was."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise EpisodeFailure("bad_reward", f"the agent returned {value!r}, not a number")
-    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+    if not math.isfinite(float(value)) or abs(float(value)) > FLOAT32_MAX:
         raise EpisodeFailure(
             "bad_reward", f"the agent returned reward {value!r}, not a finite float32 number"
         )
@@ -286,16 +287,20 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
 
     def _failed_output(self, prompt: Any, reason: str, steps: int | None) -> AgentLoopOutput:
         """A row verl pads and batches like any other that trains nothing."""
-        if isinstance(prompt, str):
+        end = self.tokenizer.eos_token_id
+        if prompt is None:
+            prompt_ids = [0 if end is None else int(end)]
+        elif isinstance(prompt, str):
             prompt_ids = list(self.tokenizer.encode(prompt))
         else:
-            messages = [] if prompt is None else [dict(message) for message in prompt]
             prompt_ids = list(
                 self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                    [dict(message) for message in prompt],
+                    add_generation_prompt=True,
+                    tokenize=True,
+                    return_dict=False,
                 )
             )
-        end = self.tokenizer.eos_token_id
         extra: dict[str, Any] = {"tito_failure": reason, "reward_extra_info": {}}
         if steps is not None:
             extra.update(min_global_steps=steps, max_global_steps=steps)

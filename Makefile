@@ -10,7 +10,7 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
 
-.PHONY: demo rl-step rl-loop wheels test test-core test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
+.PHONY: demo rl-step rl-loop wheels test test-core test-verl test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
 
 # Real services the tests drive: Redis (sinks), Chromium (the HTML sample inspector) and Node.js
 # with npm (the official openai Node client through the capture gateway).
@@ -80,6 +80,29 @@ $(CORE_STAMP): pyproject.toml hatch_build.py
 	$(CORE_VENV)/bin/python -m pip install -q . $(CORE_TOOLS) 2>&1 | grep -v '^WARNING: Location' || true
 	cd $(CORE_VENV) && bin/python -c "import tito_agents, pytest, pytest_asyncio, pytest_timeout, hypothesis"
 	$(CORE_VENV)/bin/python -m pip freeze > $@
+
+# The verl agent loop (tito_agents.rl.verl_loop) against the real verl, in an environment of its
+# own: verl pins its own transformers, ray and hydra, and is no dependency of tito-agents. torch is
+# the CPU build (named exactly, or pip fetches the CUDA one); cachetools, fastapi and uvicorn are
+# imported by verl's agent loop without being declared by it; TransferQueue is the data plane of
+# verl's v1 trainer, whose worker the tests drive (verl's `verl-core` extra); the integrations and
+# LangChain run a LangGraph and an Agents SDK agent in the loop. The loop's tests run there with
+# the verl converter's, then its real-vLLM test (the e2e fixtures start and stop the
+# server on TITO_VLLM_PORT; one already ready there is reused).
+VERL_VENV := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+VERL_PINS := verl==0.9.1 torch==2.13.0 TransferQueue==0.1.11 cachetools fastapi uvicorn
+test-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest -p no:cacheprovider tests/verl tests/unit/test_convert_verl_real.py
+	$(VERL_VENV)/bin/python -m pytest -p no:cacheprovider -m e2e tests/e2e/test_verl_loop_real.py
+
+$(VERL_STAMP): pyproject.toml
+	rm -rf $(VERL_VENV) && $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q -e '.[testing]' $(VERL_PINS) $(CORE_TOOLS) \
+	    $(foreach p,$(INTEGRATIONS),-e $(p)) langchain 2>&1 | grep -v '^WARNING: Location' || true
+	$(VERL_VENV)/bin/python -c "import tito_agents.rl.verl_loop, pytest_asyncio, pytest_timeout"
+	$(VERL_VENV)/bin/python -c "import tito_agents_langchain, tito_agents_openai_agents, langchain"
+	touch $@
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not e2e and not install"

@@ -1,12 +1,18 @@
 """Chat-style logprob entries as vLLM writes them, and as any JSON writer could (hypothesis
-strategies and a writer), for the property tests of the logprob scans (chat and Responses)."""
+strategies and a writer), and one way to read a body back through capture's response parser, for
+the property tests of the logprob scans (chat, completions and Responses)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import numpy as np
 from hypothesis import strategies as st
+
+from tito_agents._capture.wire import ResponseParser, prepare_request
+from tito_agents.calls import Endpoint
+from tito_agents.errors import MalformedResponseError
 
 tokens = st.text(max_size=8) | st.sampled_from(['"', "\\", "\n", "\x1d", "\u2028", "é", "😀", ""])
 finite_logprobs = st.floats(-1e30, 1e30)  # far from float32 overflow (declined: tested apart)
@@ -70,3 +76,40 @@ def write(entries: list[dict[str, Any]], ascii_only: bool, space: str) -> bytes:
 
 ALPHABET = list(b'{}[]",:.-+eE0123456789 \\u\x00\x1f\x7f\xc3\xa9\xed\xa0\xff') + list(b"logprob")
 """Bytes a damaged entry list may gain: JSON's own, escapes, control and non-UTF-8 bytes."""
+
+
+_REQUESTS: dict[Endpoint, tuple[bytes, bytes]] = {
+    Endpoint.CHAT: (b'"messages":[]', b',"logprobs":true'),
+    Endpoint.COMPLETIONS: (b'"prompt":"p"', b',"logprobs":0'),
+    Endpoint.RESPONSES: (
+        b'"input":"hi"',
+        b',"include":["message.output_text.logprobs"],"top_logprobs":0',
+    ),
+}
+"""Per endpoint: the request's input field, and how a caller asks for the logprobs itself."""
+
+
+def read_choices(endpoint: Endpoint, body: bytes, *, added: bool) -> tuple[Any, bytes | None]:
+    """The choices of `body` as capture reads them (or the error) and the caller's copy; `added`:
+    capture asked for the logprobs (the caller did not). Responses choices carry their message
+    too, since the scan also finds the output message there."""
+    field, asks = _REQUESTS[endpoint]
+    request = b'{"model":"m",' + field + (b"" if added else asks) + b"}"
+    prepared = prepare_request(endpoint, request, capture_logprobs=added)
+    assert prepared is not None
+    assert prepared[1].wants_logprobs
+    parser = ResponseParser(prepared[1])
+    try:
+        choices = parser.parse_body(body)
+    except MalformedResponseError as exc:
+        return ("raised", str(exc)), None
+    return [
+        (
+            c.sampled_ids.tolist() if c.sampled_ids is not None else None,
+            c.logprobs.view(np.uint32).tolist() if c.logprobs is not None else None,
+            c.logprobs.dtype if c.logprobs is not None else None,
+            repr(c.error),
+            *((c.message,) if endpoint is Endpoint.RESPONSES else ()),
+        )
+        for c in choices
+    ], parser.caller_body()

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.logprob_entries import read_choices
 from tito_agents import _speedups
 from tito_agents._capture.chat.parser import _completion_logprobs
-from tito_agents._capture.wire import ResponseParser, fastpath, prepare_request
+from tito_agents._capture.wire import fastpath
 from tito_agents.calls import Endpoint
 from tito_agents.errors import MalformedResponseError
 
@@ -223,25 +224,7 @@ def completions_body(logprobs: bytes, ids: list[int]) -> bytes:
 
 
 def parse(body: bytes, *, added: bool) -> tuple[Any, bytes | None]:
-    """The choices of `body` (or the error) and the caller's copy; `added`: capture asked for
-    the logprobs (the caller did not)."""
-    request = b'{"model":"m","prompt":"p"' + (b"}" if added else b',"logprobs":0}')
-    prepared = prepare_request(Endpoint.COMPLETIONS, request, capture_logprobs=added)
-    assert prepared is not None
-    parser = ResponseParser(prepared[1])
-    try:
-        choices = parser.parse_body(body)
-    except MalformedResponseError as exc:
-        return ("raised", str(exc)), None
-    return [
-        (
-            c.sampled_ids.tolist() if c.sampled_ids is not None else None,
-            c.logprobs.view(np.uint32).tolist() if c.logprobs is not None else None,
-            c.logprobs.dtype if c.logprobs is not None else None,
-            repr(c.error),
-        )
-        for c in choices
-    ], parser.caller_body()
+    return read_choices(Endpoint.COMPLETIONS, body, added=added)
 
 
 @settings(max_examples=150, deadline=None)

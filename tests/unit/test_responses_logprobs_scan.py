@@ -14,10 +14,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.logprob_entries import ALPHABET, entry, write
-from tito_agents._capture.wire import ResponseParser, fastpath, prepare_request
+from tests.support.logprob_entries import ALPHABET, entry, read_choices, write
+from tito_agents._capture.wire import fastpath
 from tito_agents.calls import Endpoint
-from tito_agents.errors import MalformedResponseError
 
 
 @contextmanager
@@ -57,28 +56,7 @@ def responses_body(parts: list[bytes], ids: list[int]) -> bytes:
 
 
 def parse(body: bytes, *, added: bool) -> tuple[Any, bytes | None]:
-    """The choice of `body` (or the error) and the caller's copy; `added`: capture asked for
-    the logprobs (the caller did not)."""
-    asks = b',"include":["message.output_text.logprobs"],"top_logprobs":0'
-    request = b'{"model":"m","input":"hi"' + (b"}" if added else asks + b"}")
-    prepared = prepare_request(Endpoint.RESPONSES, request, capture_logprobs=added)
-    assert prepared is not None
-    assert prepared[1].wants_logprobs
-    parser = ResponseParser(prepared[1])
-    try:
-        choices = parser.parse_body(body)
-    except MalformedResponseError as exc:
-        return ("raised", str(exc)), None
-    return [
-        (
-            c.sampled_ids.tolist() if c.sampled_ids is not None else None,
-            c.logprobs.view(np.uint32).tolist() if c.logprobs is not None else None,
-            c.logprobs.dtype if c.logprobs is not None else None,
-            repr(c.error),
-            c.message,
-        )
-        for c in choices
-    ], parser.caller_body()
+    return read_choices(Endpoint.RESPONSES, body, added=added)
 
 
 @settings(max_examples=200, deadline=None)

@@ -5,14 +5,16 @@ samples when episodes end and hands them to the sink.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from collections.abc import Iterable, Mapping
 from os import PathLike
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from tito_agents._capture import CaptureCore
 from tito_agents._capture import transport as _transport
+from tito_agents._http import is_http_client
 from tito_agents.config import (
     AssemblyMode,
     CollectorSettings,
@@ -37,6 +39,10 @@ __all__ = ["Collector", "CollectorSettings", "CollectorStats"]
 logger = logging.getLogger("tito_agents")
 
 ClientT = TypeVar("ClientT")
+
+HttpLibrary = Literal["openai", "httpx", "httpx2"]
+"""The client classes `Collector.http_client` builds: the openai SDK's own, or a plain httpx or
+httpx2 one."""
 
 DEFAULT_EPISODE_ID = "default"
 _OPENAI_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
@@ -183,7 +189,9 @@ class Collector:
         self, client: ClientT, *, vllm_hosts: Iterable[str] | None = None, sessions: bool = False
     ) -> ClientT:
         """Capture every call of an existing `openai.OpenAI` / `AsyncOpenAI` client (in place), or
-        of an `anthropic.Anthropic` / `AsyncAnthropic` one (its Messages calls: docs/anthropic.md).
+        of an `anthropic.Anthropic` / `AsyncAnthropic` one (its Messages calls: docs/anthropic.md),
+        or of an `httpx` / `httpx2` client itself (one a framework built and keeps, as LiteLLM's
+        handlers do; `vllm_hosts` is then required).
 
         `vllm_hosts` lists the hosts ("host" or "host:port") that run vLLM; by default the host of
         the client's `base_url`. Only those hosts get vLLM-only fields; the official OpenAI and
@@ -191,6 +199,9 @@ class Collector:
         of this client (see `tito_agents.sessions`; an episode can override it). Returns the same
         client.
         """
+        if is_http_client(client):
+            _transport.install(client, self._core(self._hosts(vllm_hosts, None), sessions))
+            return client
         http_client = getattr(client, "_client", None)
         base_url = getattr(client, "base_url", None)
         if http_client is None or base_url is None:
@@ -208,13 +219,20 @@ class Collector:
         *,
         asynchronous: bool = True,
         sessions: bool = False,
+        library: HttpLibrary = "openai",
         **kwargs: Any,
     ) -> Any:
-        """A new httpx client (the library the installed openai uses) that captures calls to
-        `vllm_hosts`; for frameworks that accept an `http_client` / `http_async_client`."""
-        import openai
+        """A new HTTP client that captures calls to `vllm_hosts`, for frameworks that accept an
+        `http_client` / `http_async_client`; `kwargs` go to the client's constructor.
 
-        cls = openai.DefaultAsyncHttpxClient if asynchronous else openai.DefaultHttpxClient
+        library: which client class. "openai" (default): the openai SDK's own
+        (`openai.DefaultAsyncHttpxClient` / `DefaultHttpxClient`, on httpx2 with openai >= 3, on
+        httpx before), what an openai client built by the framework expects. "httpx": a plain
+        `httpx.AsyncClient` / `httpx.Client`, for frameworks that check
+        `isinstance(http_client, httpx.AsyncClient)` (Agno), which an openai >= 3 client (httpx2)
+        fails. "httpx2": a plain `httpx2` client. The capture is the same in each.
+        """
+        cls = _client_class(library, asynchronous)
         client = cls(**kwargs)
         _transport.install(client, self._core(self._hosts(vllm_hosts, None), sessions))
         return client
@@ -311,6 +329,24 @@ class Collector:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _client_class(library: HttpLibrary, asynchronous: bool) -> type[Any]:
+    """The client class `Collector.http_client` builds for `library`."""
+    if library == "openai":
+        import openai
+
+        return openai.DefaultAsyncHttpxClient if asynchronous else openai.DefaultHttpxClient
+    if library not in ("httpx", "httpx2"):
+        raise ConfigurationError(f"library must be openai, httpx or httpx2, not {library!r}")
+    try:
+        module = importlib.import_module(library)
+    except ImportError:
+        raise ConfigurationError(
+            f"library={library!r}: {library} is not installed (pip install {library})"
+        ) from None
+    cls: type[Any] = module.AsyncClient if asynchronous else module.Client
+    return cls
 
 
 def _server_sampling(

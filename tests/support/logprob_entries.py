@@ -5,12 +5,14 @@ the property tests of the logprob scans (chat, completions and Responses)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
-from tito_agents._capture.wire import ResponseParser, prepare_request
+from tito_agents._capture.wire import ResponseParser, fastpath, prepare_request
 from tito_agents.calls import Endpoint
 from tito_agents.errors import MalformedResponseError
 
@@ -113,3 +115,34 @@ def read_choices(endpoint: Endpoint, body: bytes, *, added: bool) -> tuple[Any, 
         )
         for c in choices
     ], parser.caller_body()
+
+
+@contextmanager
+def without_helper() -> Iterator[None]:
+    """Capture's parsers with the optional C helper taken away: the pure-Python path."""
+    saved = fastpath._speedups
+    fastpath._speedups = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        fastpath._speedups = saved
+
+
+def byte_edits(alphabet: list[int]) -> st.SearchStrategy[list[tuple[int, int, str]]]:
+    """One to three edits of a text: (where, a byte of `alphabet`, insert/delete/replace)."""
+    edit = st.tuples(st.integers(0, 10_000), st.sampled_from(alphabet), st.sampled_from("idr"))
+    return st.lists(edit, min_size=1, max_size=3)
+
+
+def damage(text: bytes, edits: list[tuple[int, int, str]]) -> bytes:
+    """`text` with `edits` applied in turn (positions wrap around the text's length)."""
+    out = bytearray(text)
+    for at, byte, how in edits:
+        at %= len(out) + 1
+        if how == "i":
+            out[at:at] = bytes([byte])
+        elif how == "d":
+            del out[at : at + 1]
+        else:
+            out[at : at + 1] = bytes([byte])
+    return bytes(out)

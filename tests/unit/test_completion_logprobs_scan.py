@@ -7,8 +7,6 @@ copy with and without it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.logprob_entries import read_choices
+from tests.support.logprob_entries import byte_edits, damage, read_choices, without_helper
 from tito_agents import _speedups
 from tito_agents._capture.chat.parser import _completion_logprobs
 from tito_agents._capture.wire import fastpath
@@ -134,26 +132,14 @@ ALPHABET = list(b'{}[]",:.-+eE0123456789 \\nul\x00\xc3\xff') + list(b"token_logp
 @settings(max_examples=1000, deadline=None)
 @given(
     obj=logprobs_object(),
-    edits=st.lists(
-        st.tuples(st.integers(0, 10_000), st.sampled_from(ALPHABET), st.sampled_from("idr")),
-        min_size=1,
-        max_size=3,
-    ),
+    edits=byte_edits(ALPHABET),
 )
 def test_damaged_objects_are_declined_or_read_exactly(
     obj: dict[str, Any], edits: list[tuple[int, int, str]]
 ) -> None:
-    text = bytearray(members(obj))
-    for at, byte, how in edits:
-        at %= len(text) + 1
-        if how == "i":
-            text[at:at] = bytes([byte])
-        elif how == "d":
-            del text[at : at + 1]
-        else:
-            text[at : at + 1] = bytes([byte])
-    got = check(bytes(text))
-    if not isinstance(reference(bytes(text)), np.ndarray):
+    text = damage(members(obj), edits)
+    got = check(text)
+    if not isinstance(reference(text), np.ndarray):
         assert got is None
 
 
@@ -194,16 +180,6 @@ def test_edge_objects_are_read_exactly(text: bytes, want: list[float]) -> None:
 
 
 # ---- the completions parser, both ways ----
-
-
-@contextmanager
-def without_helper() -> Iterator[None]:
-    saved = fastpath._speedups
-    fastpath._speedups = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        fastpath._speedups = saved
 
 
 def completions_body(logprobs: bytes, ids: list[int]) -> bytes:

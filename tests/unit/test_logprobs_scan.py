@@ -9,8 +9,6 @@ both ways (the C helper, and without it: the full parse) and compare every resul
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -19,7 +17,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.logprob_entries import ALPHABET, entry, read_choices, vllm_logprobs, write
+from tests.support.logprob_entries import (
+    ALPHABET,
+    byte_edits,
+    damage,
+    entry,
+    read_choices,
+    vllm_logprobs,
+    without_helper,
+    write,
+)
 from tito_agents import _speedups
 from tito_agents._capture.chat.parser import _chat_logprobs
 from tito_agents._capture.wire import fastpath
@@ -108,28 +115,16 @@ def test_vllm_shaped_entries_are_read_exactly(values: list[float], tops: int) ->
 @settings(max_examples=1500, deadline=None)
 @given(
     entries=st.lists(entry(), min_size=1, max_size=3),
-    edits=st.lists(
-        st.tuples(st.integers(0, 10_000), st.sampled_from(ALPHABET), st.sampled_from("idr")),
-        min_size=1,
-        max_size=3,
-    ),
+    edits=byte_edits(ALPHABET),
 )
 def test_damaged_text_is_declined_or_read_exactly(
     entries: list[dict[str, Any]], edits: list[tuple[int, int, str]]
 ) -> None:
     """Random byte edits (most make invalid JSON, some a different valid one): the scan answers
     only what the full parse gives, and declines whatever the full parse refuses."""
-    text = bytearray(write(entries, ascii_only=False, space=""))
-    for at, byte, how in edits:
-        at %= len(text) + 1
-        if how == "i":
-            text[at:at] = bytes([byte])
-        elif how == "d":
-            del text[at : at + 1]
-        else:
-            text[at : at + 1] = bytes([byte])
-    got = check(bytes(text))
-    if not isinstance(reference(bytes(text)), np.ndarray):
+    text = damage(write(entries, ascii_only=False, space=""), edits)
+    got = check(text)
+    if not isinstance(reference(text), np.ndarray):
         assert got is None
 
 
@@ -220,16 +215,6 @@ def test_edge_numbers_are_read_exactly(text: bytes, want: list[float]) -> None:
 
 
 # ---- the chat parser, both ways ----
-
-
-@contextmanager
-def without_helper() -> Iterator[None]:
-    saved = fastpath._speedups
-    fastpath._speedups = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        fastpath._speedups = saved
 
 
 def chat_body(content: bytes, ids: list[int], after: bytes = b"") -> bytes:

@@ -5,8 +5,6 @@ helper as without it (the whole body parsed), whatever the entries, the parts an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -14,19 +12,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.logprob_entries import ALPHABET, entry, read_choices, write
+from tests.support.logprob_entries import ALPHABET, entry, read_choices, without_helper, write
 from tito_agents._capture.wire import fastpath
 from tito_agents.calls import Endpoint
-
-
-@contextmanager
-def without_helper() -> Iterator[None]:
-    saved = fastpath._speedups
-    fastpath._speedups = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        fastpath._speedups = saved
 
 
 def part(entries: bytes | None) -> bytes:

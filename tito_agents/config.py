@@ -282,6 +282,27 @@ class DeliveryStats:
         return asdict(self)
 
 
+class EmptyEpisodeCause(enum.StrEnum):
+    """Why an episode ended with no captured call, as far as the collector can tell; each is
+    logged with its fix when it happens and counted in `CollectorStats.empty_episode_causes`."""
+
+    IN_FLIGHT = "in_flight"
+    """Its requests went through capture but had no response yet (a stream left open, a task
+    not awaited)."""
+    BYPASSED_CAPTURE = "bypassed_capture"
+    """A framework integration saw its framework complete model calls in the episode, and no
+    captured request was sent (`Episode.note_model_call`): the framework's client is not the
+    capturing one, or a response cache answered."""
+    OUTSIDE_EPISODE = "outside_episode"
+    """Calls were captured outside any episode while it was open: the run left its context."""
+    RESPONSE_CACHE = "response_cache"
+    """A framework's response cache is on (DSPy's) while capture works for other episodes:
+    repeated prompts (a group's identical rollouts) were answered from the cache."""
+    NO_CAPTURING_CLIENT = "no_capturing_client"
+    """Nothing was captured anywhere: the agent's requests went through a client without capture
+    (an unwrapped client, a framework's own HTTP client, a client built per request)."""
+
+
 @dataclass(slots=True)
 class CollectorStats:
     """Counters over the collector's lifetime (read them; do not write them)."""
@@ -314,6 +335,12 @@ class CollectorStats:
     empty_episodes: int = 0
     """Episodes that ended (their body did not raise) with no captured call; each is logged with
     what capture saw while it was open, so a run that escaped capture is never silent."""
+    empty_episode_causes: dict[EmptyEpisodeCause, int] = field(default_factory=dict)
+    """`empty_episodes` by the cause each was logged with."""
+    bypassed_calls: int = 0
+    """Model calls framework integrations saw completed in an episode beyond the captured
+    requests it sent (`Episode.note_model_call`): calls that reached the model some other way
+    (a client without capture, a response cache). Each episode with some is logged with the fix."""
     samples: int = 0
     tokens: int = 0
     trained_tokens: int = 0

@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 from tito_agents._values import as_text
 from tito_agents.assembly import Divergence, EpisodeContext
 from tito_agents.calls import Call, CallStatus, count_calls
-from tito_agents.config import CollectorSettings
+from tito_agents.config import CollectorSettings, EmptyEpisodeCause
 from tito_agents.errors import CaptureError, EpisodeNotEndedError, EpisodeStateError
 from tito_agents.export import EndedEpisode, ExportResult, RecordedCalls
 from tito_agents.samples import Sample, finite_or_none
@@ -182,6 +182,11 @@ class EpisodeReport:
     divergences: dict[str, int] = field(default_factory=dict)
     """Merged assembly: how many times each kind of divergence split a sample."""
     errors: list[str] = field(default_factory=list)
+    empty_cause: EmptyEpisodeCause | None = None
+    """Why it ended with no captured call (logged with the fix), or None when it has calls."""
+    bypassed_calls: int = 0
+    """Model calls its framework made beyond the captured requests it sent
+    (`Episode.note_model_call`; logged with the fix)."""
 
 
 class EpisodeProcessor(Protocol):
@@ -261,6 +266,8 @@ class Episode:
         self._seq = itertools.count()
         self._call_ids: set[str] = set()
         self._inflight = 0
+        self._requests = 0
+        self._model_calls: dict[str, int] = {}
         self._token: contextvars.Token[Episode | None] | None = None
 
     # ---- rewards ----
@@ -307,6 +314,15 @@ class Episode:
         with self._lock:
             self.errors.append(error)
 
+    def note_model_call(self, framework: str) -> None:
+        """A framework integration saw `framework` complete one model call in this episode. At the
+        end, model calls beyond the captured requests the episode sent reached the model without
+        capture (a client that bypassed it, a response cache): counted and logged with the fix,
+        never silent. Note only calls that returned a response (a request that failed before
+        it was sent is no miss)."""
+        with self._lock:
+            self._model_calls[framework] = self._model_calls.get(framework, 0) + 1
+
     @property
     def last_call(self) -> Call | None:
         """The most recently requested captured call (by request order)."""
@@ -319,6 +335,7 @@ class Episode:
         """A request is about to be sent: counted in flight; returns its sequence number."""
         with self._lock:
             self._inflight += 1
+            self._requests += 1
         return next(self._seq)
 
     def call_ended(self) -> None:
@@ -455,6 +472,8 @@ class Episode:
                 started_at=self.started_at,
                 empty_advice=self.empty_advice,
                 outside=self._outside,
+                requests=self._requests,
+                model_calls=MappingProxyType(dict(self._model_calls)),
             )
 
     def _keep(self, result: ExportResult) -> None:
@@ -465,6 +484,8 @@ class Episode:
         report.samples += len(result.samples)
         report.tokens += result.tokens
         report.trained_tokens += result.trained_tokens
+        report.empty_cause = result.empty_cause
+        report.bypassed_calls = result.bypassed_calls
         for divergence in result.divergences:
             kind = divergence.kind.value
             report.divergences[kind] = report.divergences.get(kind, 0) + 1

@@ -23,10 +23,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
-from tito_agents import rescore
+from tito_agents import _frameworks, rescore
 from tito_agents._worker import Worker, WorkSource
 from tito_agents.assembly import AssemblyOptions, Divergence, EpisodeContext, assemble
 from tito_agents.assembly.call_messages import attach_call_messages
@@ -36,6 +37,7 @@ from tito_agents.config import (
     AssemblyMode,
     CollectorSettings,
     CollectorStats,
+    EmptyEpisodeCause,
     ErrorMode,
     SinkErrorMode,
 )
@@ -48,6 +50,10 @@ logger = logging.getLogger("tito_agents")
 RECENT_OUTSIDE_CALLS = 1024
 """How many recent calls outside any episode are remembered (start time, agent) to explain an
 episode that ends with none of its own."""
+
+RECENT_EMPTY_GROUPS = 4096
+"""How many groups' counts of empty episodes are remembered (the oldest group is forgotten
+first): evidence that a response cache answered a group's repeated prompts."""
 
 EXPORT_LINGER_S = 0.02
 """While calls outside any episode come more often than this (seconds), the processor's thread, once
@@ -106,6 +112,17 @@ class EndedEpisode:
     outside: bool = False
     """The collector's episode for calls outside any episode: its calls went to the processor as
     they came, so ending it with none is no warning."""
+    requests: int = 0
+    """The captured requests it sent (retries included)."""
+    model_calls: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Model calls framework integrations saw completed in it, by framework
+    (`Episode.note_model_call`): more than `requests` means some bypassed capture."""
+
+    @property
+    def bypassed_calls(self) -> int:
+        """Model calls seen by integrations beyond the captured requests sent: each reached the
+        model without capture (a retried request is counted by `requests`, so never a miss)."""
+        return max(0, sum(self.model_calls.values()) - self.requests)
 
     @property
     def episode_id(self) -> str:
@@ -125,6 +142,10 @@ class ExportResult:
     error: Exception | None = None
     """What the episode's end raises once it has kept all of the above: `EpisodeCaptureError`
     (`ErrorMode.EPISODE`) or the sink's `SinkError` (`SinkErrorMode.RAISE`); None otherwise."""
+    empty_cause: EmptyEpisodeCause | None = None
+    """Why it ended with no captured call (logged with the fix); None when it has calls."""
+    bypassed_calls: int = 0
+    """Model calls made beyond its captured requests (`EndedEpisode.bypassed_calls`)."""
 
 
 OutsideBatch = tuple[EpisodeContext, list[Call]]
@@ -165,6 +186,8 @@ class SampleProcessor:
         self._queued_calls = 0
         """Queued calls and those of the batch being handled."""
         self._recent_outside: deque[tuple[float, str | None]] = deque(maxlen=RECENT_OUTSIDE_CALLS)
+        self._empty_groups: dict[str, int] = {}
+        """Empty episodes per group, for the most recent `RECENT_EMPTY_GROUPS` groups."""
         self._busy = False
         self._draining = 0
         """Callers of `drain` waiting now: the thread does not linger for them."""
@@ -227,6 +250,7 @@ class SampleProcessor:
         """Assemble the episode's samples and hand them to the sink; the result says what the
         end raises."""
         calls = self._calls_to_assemble(episode)
+        misses = self._misses(episode)
         if rescore.wanted(calls):
             self._count_rescored(_guarded(rescore.rescore, calls))
         samples, divergences, counts = self._assemble(episode.context, calls)
@@ -236,11 +260,12 @@ class SampleProcessor:
                 self.sink.write(samples)
             except Exception as exc:
                 sink_error = self._sink_failed(samples, exc)
-        return self._result(episode, samples, divergences, counts, sink_error)
+        return self._result(episode, samples, divergences, counts, sink_error, misses)
 
     async def aon_end(self, episode: EndedEpisode) -> ExportResult:
         """`on_end` for `async with`: never blocks the event loop."""
         calls = self._calls_to_assemble(episode)
+        misses = self._misses(episode)
         if rescore.wanted(calls):
             try:
                 done = await rescore.arescore(calls)
@@ -255,7 +280,7 @@ class SampleProcessor:
                 await self.sink.awrite(samples)
             except Exception as exc:
                 sink_error = self._sink_failed(samples, exc)
-        return self._result(episode, samples, divergences, counts, sink_error)
+        return self._result(episode, samples, divergences, counts, sink_error, misses)
 
     # ---- assembly ----
 
@@ -288,55 +313,60 @@ class SampleProcessor:
             cond.release()
         if episode.failed:
             return []
-        if not episode.calls and not episode.outside:
-            self._report_empty(episode)
         return list(episode.calls)
 
-    def _report_empty(self, episode: EndedEpisode) -> None:
+    # ---- calls that escaped capture: never silent ----
+
+    def _misses(self, episode: EndedEpisode) -> tuple[EmptyEpisodeCause | None, int]:
+        """Count and log the calls of an ended episode that capture did not see: (why it ended
+        with none, if it did; model calls made beyond its captured requests)."""
+        if episode.failed or episode.outside:
+            return None, 0
+        bypassed = episode.bypassed_calls
+        if bypassed:
+            with self._cond:
+                self.stats.bypassed_calls += bypassed
+        if not episode.calls:
+            return self._report_empty(episode), bypassed
+        if bypassed:
+            logger.warning(
+                "episode %r: %d of the %d model calls %s made in it sent no captured request "
+                "(a client that bypassed capture, or a response cache): never samples. Fix: %s",
+                episode.episode_id,
+                bypassed,
+                sum(episode.model_calls.values()),
+                _names(episode.model_calls),
+                _fix_lines(_frameworks.fixes_named(episode.model_calls)),
+            )
+        return None, bypassed
+
+    def _report_empty(self, episode: EndedEpisode) -> EmptyEpisodeCause:
         """An episode that ends with no captured call is never silent: it is counted and logged
-        with what capture saw while it was open (calls outside any episode, by agent, or none)."""
+        with the cause capture can tell from what it saw while the episode was open, and that
+        cause's fix; returns the cause."""
+        group = episode.context.group_id
         with self._cond:
             self.stats.empty_episodes += 1
             outside = Counter(a for t, a in self._recent_outside if t >= episode.started_at)
-        in_flight = episode.in_flight
-        if in_flight:  # its calls went through capture: the advice to wrap the client is wrong
-            logger.warning(
-                "episode %r ended with no captured call while %d of its calls were still in "
-                "flight (a stream left before its end and not closed, or a request of a task not "
-                "awaited): never samples of this episode (collector.stats.late_calls if they "
-                "finish). Fix: end the episode once its requests are done (close a stream you "
-                "leave early)",
-                episode.episode_id,
-                in_flight,
-            )
-        elif episode.empty_advice is not None:
-            logger.warning(
-                "episode %r ended with no captured call (%d calls to vLLM were captured outside "
-                "any episode while it was open). Fix: %s",
-                episode.episode_id,
-                outside.total(),
-                episode.empty_advice,
-            )
-        elif outside:
-            agents = ", ".join(f"{agent!r}: {n}" for agent, n in sorted(outside.items(), key=str))
-            logger.warning(
-                "episode %r ended with no captured call, while %d calls to vLLM were captured "
-                "outside any episode (by agent: %s): the run started or went on outside the "
-                "episode's context. Fix: start the run inside the episode (e.g. call "
-                "Runner.run_streamed or graph.astream inside `with collector.episode()`) and carry "
-                "the context into raw threads with tito_agents.bind",
-                episode.episode_id,
-                outside.total(),
-                agents,
-            )
-        else:
-            logger.warning(
-                "episode %r ended with no captured call, and no call to vLLM was captured "
-                "outside it either: the agent's requests did not go through a capturing client. "
-                "Fix: wrap the client the agent really uses (collector.wrap(client), or the "
-                "framework integration's install) and list its host in vllm_hosts",
-                episode.episode_id,
-            )
+            captured = self.stats.requests
+            empty_in_group = self._count_empty_group(group)
+        cause = _empty_cause(episode, bool(outside), captured)
+        with self._cond:
+            causes = self.stats.empty_episode_causes
+            causes[cause] = causes.get(cause, 0) + 1
+        _warn_empty(episode, cause, outside, empty_in_group)
+        return cause
+
+    def _count_empty_group(self, group: str | None) -> int:
+        """One more empty episode of `group` (with the lock); how many it has had."""
+        if group is None:
+            return 0
+        groups = self._empty_groups
+        count = groups.pop(group, 0) + 1
+        groups[group] = count  # most recent last
+        if len(groups) > RECENT_EMPTY_GROUPS:
+            del groups[next(iter(groups))]
+        return count
 
     def _assemble(
         self, context: EpisodeContext, calls: list[Call]
@@ -382,6 +412,7 @@ class SampleProcessor:
         divergences: list[Divergence],
         counts: tuple[int, int],
         sink_error: SinkError | None,
+        misses: tuple[EmptyEpisodeCause | None, int],
     ) -> ExportResult:
         tokens, trained = counts
         return ExportResult(
@@ -390,6 +421,8 @@ class SampleProcessor:
             tokens=tokens,
             trained_tokens=trained,
             error=self._error_to_raise(episode, sink_error),
+            empty_cause=misses[0],
+            bypassed_calls=misses[1],
         )
 
     def _error_to_raise(
@@ -525,3 +558,101 @@ def _guarded(run: Callable[[list[Call]], int], calls: list[Call]) -> tuple[int, 
     except Exception:
         logger.exception("re-scoring constrained calls failed")
         return 0, calls
+
+
+def _empty_cause(episode: EndedEpisode, outside: bool, captured: int) -> EmptyEpisodeCause:
+    """The likeliest reason an episode ended with no captured call, from the strongest evidence
+    down: its own requests still in flight; an integration that saw its framework make calls;
+    calls captured outside any episode while it was open; a response cache while capture works
+    (this collector captured requests); else no capturing client at all."""
+    if episode.in_flight:
+        return EmptyEpisodeCause.IN_FLIGHT
+    if episode.bypassed_calls:
+        return EmptyEpisodeCause.BYPASSED_CAPTURE
+    if outside:
+        return EmptyEpisodeCause.OUTSIDE_EPISODE
+    if captured and _frameworks.response_caches():
+        return EmptyEpisodeCause.RESPONSE_CACHE
+    return EmptyEpisodeCause.NO_CAPTURING_CLIENT
+
+
+def _warn_empty(
+    episode: EndedEpisode,
+    cause: EmptyEpisodeCause,
+    outside: Counter[str | None],
+    empty_in_group: int,
+) -> None:
+    """Log an empty episode with its cause and that cause's fix."""
+    name = episode.episode_id
+    if cause is EmptyEpisodeCause.IN_FLIGHT:  # through capture: the advice to wrap is wrong
+        logger.warning(
+            "episode %r ended with no captured call while %d of its calls were still in "
+            "flight (a stream left before its end and not closed, or a request of a task not "
+            "awaited): never samples of this episode (collector.stats.late_calls if they "
+            "finish). Fix: end the episode once its requests are done (close a stream you "
+            "leave early)",
+            name,
+            episode.in_flight,
+        )
+    elif cause is EmptyEpisodeCause.BYPASSED_CAPTURE:
+        logger.warning(
+            "episode %r ended with no captured call while %s completed %d model calls in it: "
+            "they reached the model without capture (a client that bypassed it, a client built "
+            "per request, or a response cache). Fix: %s",
+            name,
+            _names(episode.model_calls),
+            episode.bypassed_calls,
+            _fix_lines(_frameworks.fixes_named(episode.model_calls)),
+        )
+    elif episode.empty_advice is not None:
+        logger.warning(
+            "episode %r ended with no captured call (%d calls to vLLM were captured outside "
+            "any episode while it was open). Fix: %s",
+            name,
+            outside.total(),
+            episode.empty_advice,
+        )
+    elif cause is EmptyEpisodeCause.OUTSIDE_EPISODE:
+        agents = ", ".join(f"{agent!r}: {n}" for agent, n in sorted(outside.items(), key=str))
+        logger.warning(
+            "episode %r ended with no captured call, while %d calls to vLLM were captured "
+            "outside any episode (by agent: %s): the run started or went on outside the "
+            "episode's context. Fix: start the run inside the episode (e.g. call "
+            "Runner.run_streamed or graph.astream inside `with collector.episode()`) and carry "
+            "the context into raw threads with tito_agents.bind",
+            name,
+            outside.total(),
+            agents,
+        )
+    elif cause is EmptyEpisodeCause.RESPONSE_CACHE:
+        group = episode.context.group_id
+        logger.warning(
+            "episode %r ended with no captured call while %s's response cache is on and other "
+            "calls were captured%s: a prompt answered before (a group's identical rollouts) is "
+            "answered from the cache, with no request to capture. Fix: %s",
+            name,
+            " and ".join(_frameworks.response_caches()),
+            f" ({empty_in_group} episodes of group {group!r} ended empty)" if group else "",
+            _fix_lines(_frameworks.fixes_named(_frameworks.response_caches())),
+        )
+    else:
+        imported = _frameworks.imported_fixes()
+        logger.warning(
+            "episode %r ended with no captured call, and no call to vLLM was captured "
+            "outside it either: the agent's requests did not go through a capturing client. "
+            "Fix: wrap the client the agent really uses (collector.wrap(client), or the "
+            "framework integration's install) and list its host in vllm_hosts%s",
+            name,
+            f". Frameworks imported here: {_fix_lines(imported)}" if imported else "",
+        )
+
+
+def _names(counts: Mapping[str, int]) -> str:
+    return ", ".join(sorted(counts))
+
+
+def _fix_lines(fixes: list[_frameworks.FrameworkFix]) -> str:
+    """The fixes as one log line (each framework's, `;`-separated), or where they are listed."""
+    if not fixes:
+        return f"give the framework a capturing client ({_frameworks.DOCS})"
+    return "; ".join(fix.line() for fix in fixes)

@@ -110,6 +110,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "_worker",
             "_values",
             "_http",
+            "_frameworks",
         ),
     ),
 )
@@ -267,6 +268,8 @@ SHARED_LEAF_HELPERS: dict[str, str] = {
     "and token), for the sinks and the CLI alike",
     "tito_agents._http": "the HTTP library (httpx2 or httpx) picked in one place, so capture, "
     "re-scoring, the logprobs-mode probe and the gateway speak the one the openai SDK uses",
+    "tito_agents._frameworks": "the frameworks that build their own clients and each one's fix, "
+    "read from sys.modules, for the export stage's warnings about calls capture did not see",
 }
 """Records-layer private modules: leaf helpers with no public face of their own, private so that
 users do not build on them, importable by any layer (each says why it is shared)."""

@@ -1,0 +1,149 @@
+"""Frameworks that build their own model clients, as the export stage names them when an episode
+captured fewer calls than were made: which of them the process imported, each one's fix, and
+whether a response cache answers repeated prompts without sending a request.
+
+Read from `sys.modules` only: nothing here imports a framework, so naming them costs nothing for a
+user who has none of them, and a framework's own attributes are read guarded (a version that
+moved them names no cache rather than breaking an episode's end).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DOCS", "FIXES", "FrameworkFix", "fixes_named", "imported_fixes", "response_caches"]
+
+DOCS = "docs/frameworks.md"
+
+
+@dataclass(frozen=True, slots=True)
+class FrameworkFix:
+    """How to capture one framework's calls."""
+
+    module: str
+    """Its import name, as `sys.modules` holds it once imported."""
+    name: str
+    fix: str
+    """One line: what to give the framework so its calls go through a capturing client."""
+    anchor: str
+    """The section of docs/frameworks.md that shows it."""
+
+    def line(self) -> str:
+        return f"{self.name}: {self.fix} ({DOCS}#{self.anchor})"
+
+
+FIXES: tuple[FrameworkFix, ...] = (
+    FrameworkFix(
+        "pydantic_ai",
+        "PydanticAI",
+        "OpenAIProvider(openai_client=collector.wrap(AsyncOpenAI(...))), and "
+        "tito_agents_pydantic_ai.install() for agent names",
+        "pydanticai",
+    ),
+    FrameworkFix(
+        "litellm",
+        "LiteLLM",
+        "`hosted_vllm/` models use LiteLLM's own HTTP client, not an openai one: "
+        "tito_agents_litellm.install(collector, vllm_hosts=[...])",
+        "litellm",
+    ),
+    FrameworkFix(
+        "dspy",
+        "DSPy",
+        "its default engine talks raw sockets: dspy.LM(..., engine='litellm') with LiteLLM's fix, "
+        "and its response cache off for rollouts "
+        "(dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False))",
+        "dspy",
+    ),
+    FrameworkFix(
+        "crewai",
+        "CrewAI",
+        "one http_client breaks its two clients: wrap the LLM's own (collector.wrap(llm._client), "
+        "collector.wrap(llm._async_client)) or use the gateway",
+        "crewai",
+    ),
+    FrameworkFix(
+        "agno",
+        "Agno",
+        "VLLM(client=collector.wrap(OpenAI(...)), async_client=collector.wrap(AsyncOpenAI(...))), "
+        "or http_client=collector.http_client(hosts, library='httpx') (it refuses httpx2 clients)",
+        "agno",
+    ),
+    FrameworkFix(
+        "strands",
+        "Strands",
+        "it builds and closes a client per request, so an http_client in client_args captures "
+        "one call: OpenAIModel(client=collector.wrap(AsyncOpenAI(...)))",
+        "strands",
+    ),
+    FrameworkFix(
+        "smolagents",
+        "smolagents",
+        "OpenAIServerModel(client=collector.wrap(OpenAI(...))); LiteLLMModel only as LiteLLM's "
+        "fix says",
+        "smolagents",
+    ),
+    FrameworkFix(
+        "google.adk",
+        "Google ADK",
+        "LiteLlm('openai/<model>', client=collector.wrap(AsyncOpenAI(...)))",
+        "google-adk",
+    ),
+    FrameworkFix(
+        "llama_index",
+        "LlamaIndex",
+        "OpenAILike(openai_client=collector.wrap(OpenAI(...)), "
+        "async_openai_client=collector.wrap(AsyncOpenAI(...)))",
+        "llamaindex",
+    ),
+    FrameworkFix(
+        "autogen_ext",
+        "AutoGen",
+        "OpenAIChatCompletionClient(http_client=collector.http_client(hosts))",
+        "autogen",
+    ),
+    FrameworkFix(
+        "agent_framework",
+        "Microsoft Agent Framework",
+        "OpenAIChatClient(async_client=collector.wrap(AsyncOpenAI(...)))",
+        "microsoft-agent-framework",
+    ),
+)
+"""The frameworks checked, each with its fix (docs/frameworks.md shows each in full)."""
+
+
+def imported_fixes() -> list[FrameworkFix]:
+    """The fixes of the frameworks this process has imported."""
+    return [fix for fix in FIXES if fix.module in sys.modules]
+
+
+def fixes_named(names: Iterable[str]) -> list[FrameworkFix]:
+    """The fixes of the frameworks named (as `FrameworkFix.name`, how integrations name
+    themselves to `Episode.note_model_call`); unknown names have none."""
+    wanted = set(names)
+    return [fix for fix in FIXES if fix.name in wanted]
+
+
+def response_caches() -> list[str]:
+    """The imported frameworks whose response cache is on: a prompt they have answered before is
+    answered again from the cache, with no request for capture to see."""
+    dspy = sys.modules.get("dspy")
+    return ["DSPy"] if dspy is not None and _dspy_cache_on(dspy) else []
+
+
+def _dspy_cache_on(dspy: Any) -> bool:
+    """DSPy's cache (`dspy.cache`, set by `dspy.configure_cache`) is on in memory or on disk, and
+    the configured LM does not opt out (`dspy.LM(..., cache=False)`). Unreadable: not on."""
+    try:
+        cache = getattr(dspy, "cache", None)
+        enabled = bool(
+            getattr(cache, "enable_memory_cache", False)
+            or getattr(cache, "enable_disk_cache", False)
+        )
+        lm = getattr(getattr(dspy, "settings", None), "lm", None)
+        return enabled and getattr(lm, "cache", True) is not False
+    except Exception:  # a framework's attribute that raises decides nothing
+        return False

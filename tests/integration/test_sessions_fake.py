@@ -15,6 +15,7 @@ import pytest
 
 import tito_agents as tito
 from tests.support.sessions_fake import extends, make_client, recording_hook, responder
+from tests.support.weather import WEATHER_TOOLS
 from tito_agents._capture.sessions import TAIL_HEAD
 from tito_agents.calls import SessionNote
 from tito_agents.sessions import FallbackReason
@@ -27,20 +28,7 @@ from tito_agents.testing.fake_vllm import (
 )
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+TOOLS = WEATHER_TOOLS  # the weather agent's tool, as the sessions tests send it
 
 
 def tool_loop(client: openai.OpenAI, turns: int = 3, **kwargs: Any) -> list[dict[str, Any]]:

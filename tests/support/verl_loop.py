@@ -20,6 +20,7 @@ import verl
 from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
+from tests.support.weather import OBSERVATION, weather_answer
 from tito_agents.rl.verl_loop import TitoAgentLoop
 from tito_agents.testing.smollm2 import load_tokenizer, tokenizer_dir
 
@@ -123,22 +124,6 @@ def address_of(base_url: str) -> str:
 
 # ---- agents the tests name in their agent-loop YAML (`agent: tests.support.verl_loop:NAME`) ----
 
-WEATHER_TOOLS: Any = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-OBSERVATION = "18C, sunny"
-
 
 async def served_model(client: Any) -> str:
     """The model the server serves (verl's vLLM serves the model under its local path)."""
@@ -151,22 +136,7 @@ async def weather_agent(prompt: Any, client: Any, reward_model: Any = None) -> f
     when the answer holds the row's ground truth."""
     if not (isinstance(prompt, list) and all(type(m) is dict for m in prompt)):
         raise TypeError(f"the prompt is {type(prompt).__name__}, not a list of messages")
-    model = await served_model(client)
-    messages: Any = list(prompt)
-    answer = ""
-    for _ in range(3):
-        response = await client.chat.completions.create(
-            model=model, messages=messages, tools=WEATHER_TOOLS, max_tokens=64
-        )
-        message = response.choices[0].message
-        messages.append(
-            message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
-        )
-        if not message.tool_calls:
-            answer = message.content or ""
-            break
-        for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": OBSERVATION})
+    answer = await weather_answer(client, await served_model(client), list(prompt))
     truth = (reward_model or {}).get("ground_truth", "sunny")
     return 1.0 if truth in answer else 0.0
 

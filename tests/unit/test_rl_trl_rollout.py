@@ -17,46 +17,18 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import tito_agents as tito
 from tests.support.sessions_fake import responder
+from tests.support.weather import OBSERVATION, WEATHER_TOOLS, tool_results, weather_answer
 from tito_agents.convert import prompt_length
 from tito_agents.errors import ConfigurationError
 from tito_agents.rl import EpisodeSplitError, TrlRollout, passthrough_reward
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, mock_transport
 from tito_agents.testing.smollm2 import MODEL_NAME, load_tokenizer
 
-TOOLS: Any = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-OBSERVATION = "18C, sunny"
-
 
 async def tool_agent(prompt: Any, client: openai.AsyncOpenAI) -> float:
     """Calls the weather tool, reads its result, answers; reward 1 when the answer is sunny."""
     messages: Any = [{"role": "user", "content": str(prompt)}]
-    answer = ""
-    for _ in range(3):
-        response = await client.chat.completions.create(
-            model=MODEL_NAME, messages=messages, tools=TOOLS, max_tokens=64
-        )
-        message = response.choices[0].message
-        messages.append(
-            message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
-        )
-        if not message.tool_calls:
-            answer = message.content or ""
-            break
-        for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": OBSERVATION})
+    answer = await weather_answer(client, MODEL_NAME, messages)
     return 1.0 if "sunny" in answer else 0.0
 
 
@@ -169,14 +141,9 @@ def test_a_session_fallback_is_named_in_the_refusal(fake: FakeVLLM) -> None:
     async def forgetful(prompt: Any, client: openai.AsyncOpenAI) -> float:
         messages: Any = [{"role": "user", "content": str(prompt)}]
         first = await client.chat.completions.create(
-            model=MODEL_NAME, messages=messages, tools=TOOLS, max_tokens=64
+            model=MODEL_NAME, messages=messages, tools=WEATHER_TOOLS, max_tokens=64
         )
-        message = first.choices[0].message
-        messages.append(
-            message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
-        )
-        for call in message.tool_calls or []:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": OBSERVATION})
+        messages.extend(tool_results(first.choices[0].message))
         await client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16)
         return 1.0
 

@@ -25,7 +25,6 @@ torch = pytest.importorskip("torch", reason="verl needs torch")
 
 from tests.support.sessions_fake import responder  # noqa: E402
 from tests.support.verl_loop import (  # noqa: E402
-    OBSERVATION,
     LocalActor,
     make_loop,
     model_dir,
@@ -34,6 +33,7 @@ from tests.support.verl_loop import (  # noqa: E402
     trainer_config,
     two_conversations,
 )
+from tests.support.weather import OBSERVATION  # noqa: E402
 from tito_agents.rl import verl_loop  # noqa: E402
 from tito_agents.rl.verl_loop import (  # noqa: E402
     FAILURES,

@@ -10,6 +10,10 @@ for a framework (see `integrations/`) plugs in here:
   threads do not copy contextvars; `tito_agents.bind` does it for one function).
 * `captures(client)`: whether a client the framework holds really goes through capture, so an
   adapter can name an unwrapped client before its calls are lost.
+* `Episode.note_model_call(framework)` (on `current_episode()`): the framework completed one model
+  call; at the episode's end, model calls beyond the captured requests are logged with the fix
+  and counted (`CollectorStats.bypassed_calls`), so calls that went around capture are never
+  silent. `framework` is the name the core's fixes know it by (docs/frameworks.md).
 * `http_module_of(client)`: the HTTP library (httpx or httpx2) a client comes from, for code
   that builds requests or responses for that client (the gateway's forwarder does).
 """

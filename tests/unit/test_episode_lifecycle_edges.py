@@ -17,6 +17,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 import tito_agents as tito
+from tito_agents.config import EmptyEpisodeCause
 from tito_agents.errors import EpisodeStateError, TitoError
 from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLM, mock_transport
@@ -215,4 +216,5 @@ def test_an_episode_left_with_its_stream_open_says_so_not_to_wrap_the_client(
         assert ep.report.in_flight == 1 and ep.calls == [] and collector.stats.empty_episodes == 1
         assert "'left' ended with no captured call while 1 of its calls" in caplog.text
         assert "collector.wrap(client)" not in caplog.text
+        assert ep.report.empty_cause is EmptyEpisodeCause.IN_FLIGHT
         assert collector.stats.late_calls == 1

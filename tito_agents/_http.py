@@ -12,7 +12,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["http_module", "http_module_of"]
+__all__ = ["http_module", "http_module_of", "is_http_client"]
 
 _LIBRARIES = ("httpx2", "httpx")
 """Most recent first: httpx2 is installed only by an openai SDK that uses it."""
@@ -38,3 +38,13 @@ def http_module_of(http_client: Any) -> ModuleType:
         if root in _LIBRARIES:
             return importlib.import_module(root)
     raise TypeError(f"{type(http_client).__name__} is not an httpx or httpx2 client")
+
+
+def is_http_client(obj: Any) -> bool:
+    """Whether `obj` is an httpx or httpx2 client (sync or async) itself, not a client of an API
+    built on one."""
+    for klass in type(obj).__mro__:
+        module = klass.__module__.split(".")[0]
+        if module in _LIBRARIES and klass.__name__ in ("Client", "AsyncClient"):
+            return True
+    return False

@@ -1,0 +1,110 @@
+"""Every route LiteLLM has to vLLM is captured once `install` ran: both prefixes, sync and async,
+streamed and not, with the exact ids; and nothing is captured without it."""
+
+from __future__ import annotations
+
+import litellm
+import pytest
+import tito_agents_litellm
+from litellm_support import PREFIXES, acomplete, complete, host_of, marker_of
+
+import tito_agents as tito
+from tito_agents.calls import CallStatus
+from tito_agents.testing import captured_samples
+from tito_agents.testing.fake_vllm import FakeVLLMServer
+
+
+def _assert_one_exact_call(ep: tito.Episode, marker: str, *, stream: bool, text: str) -> None:
+    assert len(ep.calls) == 1
+    call = ep.calls[0]
+    assert call.status is CallStatus.COMPLETE
+    assert call.stream is stream
+    assert call.episode_id == ep.episode_id
+    assert marker_of(call) == marker
+    assert len(call.prompt_ids) > 0
+    assert len(call.sampled_ids) > 0
+    assert text  # the caller still gets the answer
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_sync_calls_are_captured(
+    vllm: FakeVLLMServer,
+    collector: tito.Collector,
+    capture: tito_agents_litellm.LiteLLMCapture,
+    prefix: str,
+    stream: bool,
+) -> None:
+    with collector.episode() as ep:
+        text = complete(vllm, prefix, "sync", stream=stream)
+    _assert_one_exact_call(ep, "sync", stream=stream, text=text)
+    samples = captured_samples(collector)
+    assert [s.episode_id for s in samples] == [ep.episode_id]
+    assert len(samples[0].token_ids) > 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
+@pytest.mark.parametrize("prefix", PREFIXES)
+async def test_async_calls_are_captured(
+    vllm: FakeVLLMServer,
+    collector: tito.Collector,
+    capture: tito_agents_litellm.LiteLLMCapture,
+    prefix: str,
+    stream: bool,
+) -> None:
+    async with collector.episode() as ep:
+        text = await acomplete(vllm, prefix, "async", stream=stream)
+    _assert_one_exact_call(ep, "async", stream=stream, text=text)
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+async def test_clients_cached_before_install_are_captured(
+    vllm: FakeVLLMServer, collector: tito.Collector, prefix: str
+) -> None:
+    """LiteLLM caches its clients: the ones the first calls built (sync and async) are the ones
+    later calls reuse, and install reaches them."""
+    complete(vllm, prefix, "warm", stream=False)
+    await acomplete(vllm, prefix, "warm", stream=True)
+    with tito_agents_litellm.install(collector, vllm_hosts=[host_of(vllm)]):
+        async with collector.episode() as ep:
+            complete(vllm, prefix, "cached", stream=False)
+            await acomplete(vllm, prefix, "cached", stream=True)
+    assert [(c.stream, marker_of(c)) for c in ep.calls] == [(False, "cached"), (True, "cached")]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+async def test_nothing_is_captured_without_install(
+    vllm: FakeVLLMServer, collector: tito.Collector, prefix: str
+) -> None:
+    """The control: plain LiteLLM sends around capture (so the tests above can fail)."""
+    async with collector.episode() as ep:
+        complete(vllm, prefix, "plain", stream=False)
+        await acomplete(vllm, prefix, "plain", stream=True)
+    assert ep.calls == []
+
+
+async def test_uninstall_puts_litellm_back(vllm: FakeVLLMServer, collector: tito.Collector) -> None:
+    """After uninstall the hooks are LiteLLM's own again and the clients install wrapped send
+    around capture."""
+    handler_client = litellm.llms.custom_httpx.http_handler.HTTPHandler.__dict__["client"]
+    get_openai_client = litellm.llms.openai.openai.OpenAIChatCompletion.__dict__[
+        "_get_openai_client"
+    ]
+    capture = tito_agents_litellm.install(collector, vllm_hosts=[host_of(vllm)])
+    assert capture.installed
+    for prefix in PREFIXES:
+        complete(vllm, prefix, "on", stream=False)
+        await acomplete(vllm, prefix, "on", stream=False)
+    capture.uninstall()
+    capture.uninstall()  # idempotent
+    assert not capture.installed
+    assert litellm.llms.custom_httpx.http_handler.HTTPHandler.__dict__["client"] is handler_client
+    assert (
+        litellm.llms.openai.openai.OpenAIChatCompletion.__dict__["_get_openai_client"]
+        is get_openai_client
+    )
+    async with collector.episode() as ep:
+        for prefix in PREFIXES:
+            complete(vllm, prefix, "off", stream=False)
+            await acomplete(vllm, prefix, "off", stream=True)
+    assert ep.calls == []

@@ -84,8 +84,8 @@ async def test_nothing_is_captured_without_install(
 
 
 async def test_uninstall_puts_litellm_back(vllm: FakeVLLMServer, collector: tito.Collector) -> None:
-    """After uninstall the hooks are LiteLLM's own again and the clients install wrapped send
-    around capture."""
+    """After uninstall the hooks are LiteLLM's own again, its calls are no longer counted, and
+    the clients install wrapped send around capture."""
     handler_client = litellm.llms.custom_httpx.http_handler.HTTPHandler.__dict__["client"]
     get_openai_client = litellm.llms.openai.openai.OpenAIChatCompletion.__dict__[
         "_get_openai_client"
@@ -108,3 +108,4 @@ async def test_uninstall_puts_litellm_back(vllm: FakeVLLMServer, collector: tito
             complete(vllm, prefix, "off", stream=False)
             await acomplete(vllm, prefix, "off", stream=True)
     assert ep.calls == []
+    assert ep.report.bypassed_calls == 0  # the call counter went with the hooks

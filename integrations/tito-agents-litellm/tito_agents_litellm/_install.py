@@ -26,10 +26,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
+import litellm
 from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler, HTTPHandler
 from litellm.llms.openai.openai import OpenAIChatCompletion
 
 from tito_agents import Collector, ConfigurationError
+from tito_agents_litellm._check import ModelCallCounter
 
 SUPPORTED_LITELLM = ">=1.110,<1.111"
 """The litellm releases the hooks are tested on (1.110.2); others are refused, not half-captured."""
@@ -100,6 +102,7 @@ class LiteLLMCapture:
         for handler in _HANDLERS:
             self._hook_client_property(handler)
         self._hook_openai_client()
+        self._count_model_calls()
 
     def _hook_client_property(self, handler: type[Any]) -> None:
         """`handler.client` hands back a captured httpx client (LiteLLM reads it per request)."""
@@ -127,6 +130,14 @@ class LiteLLMCapture:
 
         OpenAIChatCompletion._get_openai_client = _get_openai_client  # type: ignore[method-assign]
         self._restore.append(lambda: setattr(OpenAIChatCompletion, "_get_openai_client", original))
+
+    def _count_model_calls(self) -> None:
+        """Each call LiteLLM sends to vLLM is counted in its episode (see `_check`)."""
+        counter = ModelCallCounter(self.vllm_hosts)
+        callbacks = litellm.logging_callback_manager
+        callbacks.add_litellm_callback(counter)
+        # LiteLLM copies `litellm.callbacks` into its per-event lists on the next call
+        self._restore.append(lambda: callbacks.remove_callback_from_all_lists(counter))
 
     def uninstall(self) -> None:
         """Put LiteLLM back: the two hooks, and the transports of every client wrapped (calls

@@ -36,6 +36,16 @@ def test_install_checks_its_hosts_at_once(collector: tito.Collector) -> None:
     assert litellm.callbacks == []  # nothing was hooked
 
 
+async def test_vllm_hosts_may_be_the_api_base_itself(
+    vllm: FakeVLLMServer, collector: tito.Collector
+) -> None:
+    with tito_agents_litellm.install(collector, vllm_hosts=[vllm.base_url]) as capture:
+        assert capture.vllm_hosts == {host_of(vllm)}
+        async with collector.episode() as ep:
+            await acomplete(vllm, "hosted_vllm", "url", stream=False)
+    assert len(ep.calls) == 1
+
+
 async def test_a_second_install_replaces_the_first(
     vllm: FakeVLLMServer, collector: tito.Collector
 ) -> None:

@@ -24,6 +24,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import litellm
@@ -165,6 +166,12 @@ class LiteLLMCapture:
         self.uninstall()
 
 
+def _host(entry: str) -> str:
+    """ "host" or "host:port" as capture matches it; an `api_base` URL gives its own."""
+    entry = entry.strip().lower()
+    return urlsplit(entry).netloc if "://" in entry else entry
+
+
 _INSTALL = threading.Lock()
 _ACTIVE: LiteLLMCapture | None = None
 
@@ -176,7 +183,7 @@ def install(
     `hosted_vllm/` and `openai/` models, sync and async, streaming or not, through clients LiteLLM
     built before or after this call, or one passed as `client=`.
 
-    vllm_hosts: the hosts ("host" or "host:port") that run vLLM, as in `api_base`.
+    vllm_hosts: the hosts that run vLLM: "host", "host:port", or the `api_base` URL itself.
     sessions: token-in sessions for these calls (see `tito_agents.sessions`).
 
     One install at a time: installing again uninstalls the previous one first. Returns the handle
@@ -185,7 +192,7 @@ def install(
     """
     global _ACTIVE
     check_litellm_version()
-    hosts = frozenset(h.strip().lower() for h in vllm_hosts if h.strip())
+    hosts = frozenset(_host(entry) for entry in vllm_hosts if entry.strip())
     if not hosts:
         raise ConfigurationError("install() needs vllm_hosts: the host:port of each vLLM server")
     with httpx.Client() as probe:  # the hosts are checked now, not at the first call

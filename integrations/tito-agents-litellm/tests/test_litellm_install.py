@@ -3,6 +3,8 @@ calls that miss capture counted rather than silent."""
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import httpx
 import litellm
 import pytest
@@ -22,6 +24,16 @@ def test_an_unsupported_litellm_is_named_with_the_supported_ones(version: str) -
     assert tito_agents_litellm.SUPPORTED_LITELLM in str(raised.value)
 
 
+def test_install_refuses_an_unsupported_litellm_before_hooking_it(
+    collector: tito.Collector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    callbacks = list(litellm.callbacks)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.82.0")
+    with pytest.raises(tito.ConfigurationError, match=r"litellm 1\.82\.0 is not supported"):
+        tito_agents_litellm.install(collector, vllm_hosts=["127.0.0.1:8000"])
+    assert litellm.callbacks == callbacks
+
+
 def test_the_supported_releases_pass() -> None:
     tito_agents_litellm.check_litellm_version("1.110.0")
     tito_agents_litellm.check_litellm_version("1.110.2")
@@ -29,11 +41,12 @@ def test_the_supported_releases_pass() -> None:
 
 
 def test_install_checks_its_hosts_at_once(collector: tito.Collector) -> None:
+    callbacks = list(litellm.callbacks)
     with pytest.raises(tito.ConfigurationError, match="vllm_hosts"):
         tito_agents_litellm.install(collector, vllm_hosts=[])
     with pytest.raises(tito.ConfigurationError, match="official OpenAI API"):
         tito_agents_litellm.install(collector, vllm_hosts=["api.openai.com"])
-    assert litellm.callbacks == []  # nothing was hooked
+    assert litellm.callbacks == callbacks  # nothing was hooked
 
 
 async def test_vllm_hosts_may_be_the_api_base_itself(
@@ -51,19 +64,20 @@ async def test_a_second_install_replaces_the_first(
 ) -> None:
     """One install at a time: the second uninstalls the first, so calls go to the new collector
     only, and the counter is registered once."""
+    callbacks = list(litellm.callbacks)
     first = tito_agents_litellm.install(collector, vllm_hosts=[host_of(vllm)])
     other = tito.Collector()
     second = tito_agents_litellm.install(other, vllm_hosts=[host_of(vllm)])
     try:
         assert not first.installed
-        assert len(litellm.callbacks) == 1
+        assert len(litellm.callbacks) == len(callbacks) + 1
         async with collector.episode() as mine, other.episode() as theirs:
             await acomplete(vllm, "hosted_vllm", "second", stream=False)
         assert (len(mine.calls), len(theirs.calls)) == (0, 1)
     finally:
         second.uninstall()
         other.close()
-    assert litellm.callbacks == []
+    assert litellm.callbacks == callbacks
 
 
 @pytest.mark.parametrize("prefix", PREFIXES)

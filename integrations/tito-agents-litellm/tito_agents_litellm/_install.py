@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import litellm
-from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler, HTTPHandler
-from litellm.llms.openai.openai import OpenAIChatCompletion
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from tito_agents import Collector, ConfigurationError
 from tito_agents_litellm._check import ModelCallCounter
@@ -37,27 +37,31 @@ from tito_agents_litellm._check import ModelCallCounter
 SUPPORTED_LITELLM = ">=1.110,<1.111"
 """The litellm releases the hooks are tested on (1.110.2); others are refused, not half-captured."""
 
-_SUPPORTED_MINORS = frozenset({(1, 110)})
-
-_HANDLERS: tuple[type[Any], ...] = (HTTPHandler, AsyncHTTPHandler)
-
 
 def check_litellm_version(version: str | None = None) -> None:
     """Raise `ConfigurationError` naming the supported releases unless `version` (default: the
     installed litellm's) is one of them."""
     if version is None:
         version = importlib.metadata.version("litellm")
-    parts = version.split(".")
     try:
-        minor = (int(parts[0]), int(parts[1]))
-    except (IndexError, ValueError):
-        minor = None
-    if minor not in _SUPPORTED_MINORS:
+        supported = SpecifierSet(SUPPORTED_LITELLM).contains(Version(version))
+    except InvalidVersion:
+        supported = False
+    if not supported:
         raise ConfigurationError(
             f"litellm {version} is not supported by tito-agents-litellm: it hooks LiteLLM's HTTP "
             f"handlers, which are no public API; supported: litellm {SUPPORTED_LITELLM} "
-            "(pip install 'litellm>=1.110,<1.111')"
+            f"(pip install 'litellm{SUPPORTED_LITELLM}')"
         )
+
+
+def _internals() -> tuple[tuple[type[Any], ...], type[Any]]:
+    """The LiteLLM classes the hooks go into: its two HTTP handlers, and the `openai/` route's
+    `OpenAIChatCompletion`. Imported once the release is known to have them."""
+    from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler, HTTPHandler
+    from litellm.llms.openai.openai import OpenAIChatCompletion
+
+    return (HTTPHandler, AsyncHTTPHandler), OpenAIChatCompletion
 
 
 class LiteLLMCapture:
@@ -100,9 +104,10 @@ class LiteLLMCapture:
             self._wrapped.add(http_client)
 
     def _hook(self) -> None:
-        for handler in _HANDLERS:
+        handlers, chat_completion = _internals()
+        for handler in handlers:
             self._hook_client_property(handler)
-        self._hook_openai_client()
+        self._hook_openai_client(chat_completion)
         self._count_model_calls()
 
     def _hook_client_property(self, handler: type[Any]) -> None:
@@ -118,10 +123,10 @@ class LiteLLMCapture:
         handler.client = property(client, original.fset, original.fdel, original.__doc__)
         self._restore.append(lambda: setattr(handler, "client", original))
 
-    def _hook_openai_client(self) -> None:
+    def _hook_openai_client(self, chat_completion: type[Any]) -> None:
         """The `openai/` route's SDK client (new, cached or the caller's) sends through a captured
         httpx client."""
-        original = OpenAIChatCompletion.__dict__["_get_openai_client"]
+        original = chat_completion.__dict__["_get_openai_client"]
         capture = self.capture
 
         def _get_openai_client(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -129,8 +134,8 @@ class LiteLLMCapture:
             capture(getattr(sdk_client, "_client", None))
             return sdk_client
 
-        OpenAIChatCompletion._get_openai_client = _get_openai_client  # type: ignore[method-assign]
-        self._restore.append(lambda: setattr(OpenAIChatCompletion, "_get_openai_client", original))
+        chat_completion._get_openai_client = _get_openai_client
+        self._restore.append(lambda: setattr(chat_completion, "_get_openai_client", original))
 
     def _count_model_calls(self) -> None:
         """Each call LiteLLM sends to vLLM is counted in its episode (see `_check`)."""
@@ -167,7 +172,7 @@ class LiteLLMCapture:
 
 
 def _host(entry: str) -> str:
-    """ "host" or "host:port" as capture matches it; an `api_base` URL gives its own."""
+    """A `vllm_hosts` entry as capture matches it ("host" or "host:port"): a URL gives its own."""
     entry = entry.strip().lower()
     return urlsplit(entry).netloc if "://" in entry else entry
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 agent_loop = pytest.importorskip(
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     """A local Ray whose workers import this checkout (the agent named in the YAML)."""
+    before = {p.pid for p in psutil.Process().children()}
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -42,7 +44,11 @@ def local_ray() -> Iterator[None]:
     try:
         yield
     finally:
+        ours = [p for p in psutil.Process().children() if p.pid not in before]  # Ray's nodes
         ray.shutdown()
+        # reaped here, so no later test sees their Popen objects warn "still running"
+        for process in psutil.wait_procs(ours, timeout=60)[1]:
+            process.kill()
 
 
 @pytest.mark.timeout(300)

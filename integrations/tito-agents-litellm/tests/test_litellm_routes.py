@@ -6,10 +6,10 @@ from __future__ import annotations
 import litellm
 import pytest
 import tito_agents_litellm
-from litellm_support import PREFIXES, acomplete, complete, host_of, marker_of
+from litellm_support import PREFIXES, acomplete, call_kwargs, complete, host_of, marker_of
 
 import tito_agents as tito
-from tito_agents.calls import CallStatus
+from tito_agents.calls import CallStatus, SessionNote
 from tito_agents.testing import captured_samples
 from tito_agents.testing.fake_vllm import FakeVLLMServer
 
@@ -109,3 +109,24 @@ async def test_uninstall_puts_litellm_back(vllm: FakeVLLMServer, collector: tito
             await acomplete(vllm, prefix, "off", stream=True)
     assert ep.calls == []
     assert ep.report.bypassed_calls == 0  # the call counter went with the hooks
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+async def test_token_in_sessions_on_both_routes(
+    vllm: FakeVLLMServer, collector: tito.Collector, prefix: str
+) -> None:
+    """`sessions=True`: a conversation's second turn is sent as token ids extending the first
+    (the planner's own requests go through LiteLLM's transport, aiohttp included)."""
+    with tito_agents_litellm.install(collector, vllm_hosts=[host_of(vllm)], sessions=True):
+        async with collector.episode() as ep:
+            kwargs = call_kwargs(vllm, prefix, "session")
+            first = await litellm.acompletion(**kwargs)
+            kwargs["messages"] = [
+                *kwargs["messages"],
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "session: again"},
+            ]
+            stream = await litellm.acompletion(**kwargs, stream=True)
+            async for _ in stream:
+                pass
+    assert [c.session for c in ep.calls] == [SessionNote.FIRST, SessionNote.TOKEN_IN_BRIDGED]

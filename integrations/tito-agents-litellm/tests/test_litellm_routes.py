@@ -130,3 +130,22 @@ async def test_token_in_sessions_on_both_routes(
             async for _ in stream:
                 pass
     assert [c.session for c in ep.calls] == [SessionNote.FIRST, SessionNote.TOKEN_IN_BRIDGED]
+
+
+@pytest.mark.parametrize("aiohttp", [True, False], ids=["aiohttp", "httpx"])
+async def test_both_async_transports_are_captured(
+    vllm: FakeVLLMServer,
+    collector: tito.Collector,
+    capture: tito_agents_litellm.LiteLLMCapture,
+    monkeypatch: pytest.MonkeyPatch,
+    aiohttp: bool,
+) -> None:
+    """LiteLLM's async handlers send over aiohttp by default, over httpx with
+    `litellm.disable_aiohttp_transport`: capture sits in front of either (a new event loop gets
+    a new handler, built under the setting)."""
+    monkeypatch.setattr(litellm, "disable_aiohttp_transport", not aiohttp)
+    async with collector.episode() as ep:
+        await acomplete(vllm, "hosted_vllm", "transport", stream=True)
+    assert len(ep.calls) == 1
+    inner = {type(transport).__name__ for _, transport, _ in capture._originals.values()}
+    assert ("LiteLLMAiohttpTransport" in inner) is aiohttp

@@ -9,7 +9,7 @@ package index. Pointing pip at the wheelhouse makes them resolvable:
     pip install --find-links dist "tito-agents[langchain]"
 
 Everything else (langgraph, openai, numpy, ...) still comes from the index. Only this repository's
-three packages are built (`--no-deps`), each in pip's isolated build environment.
+packages are built (`--no-deps`), each in pip's isolated build environment.
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ FIXES: tuple[FrameworkFix, ...] = (
         "agno",
         "Agno",
         "VLLM(client=collector.wrap(OpenAI(...)), async_client=collector.wrap(AsyncOpenAI(...))), "
-        "or http_client=collector.http_client(hosts, library='httpx') (it refuses httpx2 clients)",
+        "or http_client=collector.http_client(hosts, library='httpx') (it refuses httpx2 clients), "
+        "and tito_agents_agno.install() for agent names",
         "agno",
     ),
     FrameworkFix(

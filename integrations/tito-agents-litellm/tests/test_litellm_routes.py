@@ -3,9 +3,12 @@ streamed and not, with the exact ids; and nothing is captured without it."""
 
 from __future__ import annotations
 
+import httpx
 import litellm
+import openai
 import pytest
 import tito_agents_litellm
+from litellm.llms.custom_httpx.http_handler import HTTPHandler
 from litellm_support import PREFIXES, acomplete, call_kwargs, complete, host_of, marker_of
 
 import tito_agents as tito
@@ -149,3 +152,23 @@ async def test_both_async_transports_are_captured(
     assert len(ep.calls) == 1
     inner = {type(transport).__name__ for _, transport, _ in capture._originals.values()}
     assert ("LiteLLMAiohttpTransport" in inner) is aiohttp
+
+
+async def test_a_client_passed_per_call_is_captured(
+    vllm: FakeVLLMServer,
+    collector: tito.Collector,
+    capture: tito_agents_litellm.LiteLLMCapture,
+) -> None:
+    """`client=`: a LiteLLM handler on the `hosted_vllm/` route (one built on the caller's own
+    httpx client too), an openai client on the `openai/` route."""
+    own = httpx.Client()
+    handlers = [HTTPHandler(), HTTPHandler(client=own)]
+    async_openai = openai.AsyncOpenAI(base_url=vllm.base_url, api_key="EMPTY")
+    async with collector.episode() as ep:
+        for handler in handlers:
+            litellm.completion(**call_kwargs(vllm, "hosted_vllm", "given"), client=handler)
+        await litellm.acompletion(**call_kwargs(vllm, "openai", "given"), client=async_openai)
+    assert [marker_of(c) for c in ep.calls] == ["given"] * 3
+    await async_openai.close()
+    handlers[0].close()
+    own.close()

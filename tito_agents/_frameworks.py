@@ -77,7 +77,8 @@ FIXES: tuple[FrameworkFix, ...] = (
         "strands",
         "Strands",
         "it builds and closes a client per request, so an http_client in client_args captures "
-        "one call: OpenAIModel(client=collector.wrap(AsyncOpenAI(...)))",
+        "one call: OpenAIModel(client=collector.wrap(AsyncOpenAI(...))), and "
+        "Agent(..., plugins=[tito_agents_strands.AgentNames()]) for agent names",
         "strands",
     ),
     FrameworkFix(

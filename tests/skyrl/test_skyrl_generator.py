@@ -320,6 +320,24 @@ async def test_every_bad_episode_is_a_row_that_trains_nothing(
     assert "no captured call" in caplog.text
 
 
+async def test_a_prompt_that_is_not_chat_messages_is_a_row_that_trains_nothing(
+    engine: EngineClient, tokenizer: Any
+) -> None:
+    """No prompt, a plain string, no messages, a list of something else: each is one row SkyRL
+    takes, counted; the batch's good prompt is untouched."""
+    FAILURES.clear()
+    generator = TitoGenerator(short_agent, tokenizer=tokenizer, inference_engine_client=engine)
+    out = await generator.generate(batch(None, "Weather in Paris?", [], [1, 2], PROMPT))
+    validate(out, 5)
+    tensorise(out, tokenizer.pad_token_id or 0)
+    assert FAILURES == {"no_prompt": 4}
+    assert out["loss_masks"][:4] == [[0]] * 4 and out["rewards"] == [0.0] * 4 + [1.0]
+    assert out["rollout_metrics"] == {
+        "tito/failed_trajectories": 4,
+        "tito/failures/no_prompt": 4,
+    }
+
+
 async def test_a_group_of_equal_rewards_gets_zero_advantage_from_skyrls_grpo(
     engine: EngineClient, tokenizer: Any
 ) -> None:

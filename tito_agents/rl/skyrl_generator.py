@@ -25,12 +25,12 @@ rewritten history) are steps under `step_wise=True` (SkyRL's `generator.step_wis
 one row each, adjacent, `is_last_step` on the last, one `TrajectoryID`. Without step-wise rows a
 trajectory is one row, so there such an episode is refused as below, the reason naming the fix.
 
-A failed episode (the agent raised, made no captured call, returned a reward that is not a finite
-number, or gave segments the trainer cannot take) never raises into SkyRL's loop: it becomes a row
-that trains nothing (loss mask all 0, reward 0.0, logprobs 0.0, stop reason "error"); the reason
-is logged and counted in `FAILURES` and in the batch's `rollout_metrics`. Its reward 0.0 counts in
-its GRPO group like a failed attempt's; a group whose rewards are all equal gets advantage 0 from
-SkyRL's own estimator.
+A failed episode (no chat messages to start from, the agent raised, made no captured call,
+returned a reward that is not a finite number, or gave segments the trainer cannot take) never
+raises into SkyRL's loop: it becomes a row that trains nothing (loss mask all 0, reward 0.0,
+logprobs 0.0, stop reason "error"); the reason is logged and counted in `FAILURES` and in the
+batch's `rollout_metrics`. Its reward 0.0 counts in its GRPO group like a failed attempt's; a
+group whose rewards are all equal gets advantage 0 from SkyRL's own estimator.
 
 `rollout_sample_support` and `rollout_expert_indices` stay None: vLLM's OpenAI-compatible
 responses carry neither the sampler's support nor the routed experts (SkyRL's own generator reads
@@ -84,11 +84,21 @@ logger = logging.getLogger(__name__)
 
 FAILURES: Counter[str] = Counter()
 """Failed episodes in this process, by kind ("agent_error", "no_call", "bad_reward",
-"segments")."""
+"segments", "no_prompt")."""
 
 FAILED_STOP_REASON = "error"
 """The stop reason of a row that trains nothing (SkyRL's overlong filtering and
 `zero_reward_on_non_stop` treat it as not "stop", which changes nothing on such a row)."""
+
+
+def messages_of(prompt: object) -> list[dict[str, Any]]:
+    """The prompt as the agent gets it: SkyRL's `ConversationType`, a list of chat messages, as
+    plain dicts; `EpisodeFailure` for anything else."""
+    if not isinstance(prompt, Sequence) or isinstance(prompt, str) or not prompt:
+        raise EpisodeFailure("no_prompt", f"the prompt is {prompt!r}, not a list of chat messages")
+    if not all(isinstance(message, Mapping) for message in prompt):
+        raise EpisodeFailure("no_prompt", "the prompt holds something other than chat messages")
+    return [dict(message) for message in prompt]
 
 
 def openai_base_url(endpoint: str) -> str:
@@ -180,7 +190,7 @@ class TitoGenerator(GeneratorInterface):  # type: ignore[misc]
         try:
             samples = await run_episode(
                 self._agent,
-                [dict(message) for message in prompt],
+                messages_of(prompt),
                 {**fields, "trajectory_id": trajectory_id},
                 base_url=self._base_url,
                 group_id=str(trajectory_id.instance_id),
@@ -200,17 +210,23 @@ class TitoGenerator(GeneratorInterface):  # type: ignore[misc]
             logger.warning("tito generator: episode gives no trainable row: %s", failure)
             return trajectory_id, [self._failed_row(prompt)], failure.kind
 
-    def _failed_row(self, prompt: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """A row SkyRL pads and batches like any other that trains nothing."""
+    def _failed_row(self, prompt: object) -> dict[str, Any]:
+        """A row SkyRL pads and batches like any other that trains nothing (its prompt rendered
+        as the policy's chat template renders it, where it is a list of chat messages)."""
         end = self._tokenizer.eos_token_id
         filler = 0 if end is None else int(end)
-        prompt_ids = list(
-            self._tokenizer.apply_chat_template(
-                [dict(message) for message in prompt],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
+        try:
+            messages = messages_of(prompt)
+        except EpisodeFailure:
+            messages = []
+        prompt_ids = (
+            list(
+                self._tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
             )
+            if messages
+            else []
         )
         return {
             "prompt_token_ids": prompt_ids or [filler],

@@ -10,6 +10,7 @@ skyrl is not a dependency of the project and needs Python >= 3.12: `make test-sk
 
 from __future__ import annotations
 
+import asyncio
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -363,6 +364,18 @@ async def test_an_agent_by_name_on_a_server_of_your_own(server: Any, tokenizer: 
     out = await generator.generate(batch(PROMPT))
     validate(out, 1)
     assert out["rewards"] == [1.0]
+
+
+def test_one_generator_serves_successive_event_loops(engine: EngineClient, tokenizer: Any) -> None:
+    """SkyRL's entrypoints each start their own event loop (`asyncio.run`): the same generator,
+    its concurrency bound and the process's collector work in successive loops."""
+    generator = TitoGenerator(
+        short_agent, tokenizer=tokenizer, inference_engine_client=engine, max_concurrency=1
+    )
+    for _ in range(2):
+        out = asyncio.run(generator.generate(batch(PROMPT, repeat=2)))
+        validate(out, 2)
+        assert out["rewards"] == [1.0, 1.0]
 
 
 def test_the_server_must_be_named_once(tokenizer: Any, engine: EngineClient) -> None:

@@ -146,7 +146,7 @@ class TitoGenerator(GeneratorInterface):  # type: ignore[misc]
         self._model = model
         self._step_wise = step_wise
         self._sessions = sessions
-        self._limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self._max_concurrency = max_concurrency
 
     async def generate(self, input_batch: GeneratorInput) -> GeneratorOutput:
         """One episode per prompt, in the batch's order; every prompt gives at least one row."""
@@ -163,9 +163,12 @@ class TitoGenerator(GeneratorInterface):  # type: ignore[misc]
         }
         if self._model is not None:
             shared["model"] = self._model
+        # one per call: an asyncio semaphore belongs to the event loop it first waits in
+        limit = asyncio.Semaphore(self._max_concurrency or count or 1)
         trajectories = await asyncio.gather(
             *(
                 self._bounded(
+                    limit,
                     prompts[i],
                     {**(extras[i] or {}), **shared, "env_class": env_classes[i]},
                     ids[i],
@@ -176,11 +179,13 @@ class TitoGenerator(GeneratorInterface):  # type: ignore[misc]
         return self._output(trajectories)
 
     async def _bounded(
-        self, prompt: Any, fields: dict[str, Any], trajectory_id: TrajectoryID
+        self,
+        limit: asyncio.Semaphore,
+        prompt: Any,
+        fields: dict[str, Any],
+        trajectory_id: TrajectoryID,
     ) -> tuple[TrajectoryID, list[dict[str, Any]], str | None]:
-        if self._limit is None:
-            return await self._trajectory(prompt, fields, trajectory_id)
-        async with self._limit:
+        async with limit:
             return await self._trajectory(prompt, fields, trajectory_id)
 
     async def _trajectory(

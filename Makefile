@@ -106,12 +106,13 @@ $(VERL_STAMP): pyproject.toml
 
 # The SkyRL generator (tito_agents.rl.skyrl_generator) against the real skyrl, in an environment
 # of its own. skyrl 0.4.0 needs Python >= 3.12 (on 3.11 its import stops in pydantic: "use
-# typing_extensions.TypedDict instead of typing.TypedDict on Python < 3.12"); pyenv's 3.12 is taken
-# when `python3.12` is not on PATH (uv cannot fetch one here: its builds come from GitHub). On
-# x86_64, PyPI's torch for 3.12 is the CUDA build with its nvidia wheels (~4.4 GB in the venv; no
-# CPU build is on PyPI), which skyrl's generator module imports. skyrl is installed without its
-# dependencies: those of its `skyrl-train` extra would build flash-attn; what the generator module
-# and the trainer's output check (`validate_generator_output`) import is named instead.
+# typing_extensions.TypedDict instead of typing.TypedDict on Python < 3.12"): pyenv's 3.12, else
+# `python3.12` on PATH, or SKYRL_PYTHON=... (uv cannot fetch one here: its builds come from GitHub).
+# On x86_64 PyPI's torch for 3.12 is the CUDA build with its nvidia wheels (4.6 GB of the venv's
+# 5.5 GB; no CPU build is on PyPI), which skyrl's generator module imports; it runs on the CPU.
+# skyrl is installed without its dependencies (its `skyrl-train` extra would build flash-attn);
+# what the generator module and the trainer's output check (`validate_generator_output`) import is
+# named instead. Building it took 7 to 8 min on the 2-core machine under load, the tests 15 s.
 SKYRL_VENV := .venv-skyrl
 SKYRL_STAMP := $(SKYRL_VENV)/.installed
 SKYRL_PYTHON ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12)),python3.12)

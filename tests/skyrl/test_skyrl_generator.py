@@ -1,8 +1,9 @@
 """`tito_agents.rl.skyrl_generator.TitoGenerator` inside the real skyrl 0.4.0, against the fake
 vLLM over HTTP: a `GeneratorInterface` whose `GeneratorOutput` passes SkyRL's own check of what a
 generator returns (`validate_generator_output`, step-wise too) and SkyRL's own tensorisation
-(`convert_prompts_responses_to_batch_tensors`), linked segments as steps, and every bad input
-turned into a row SkyRL's loop takes.
+(`convert_prompts_responses_to_batch_tensors`), linked segments as steps that SkyRL's trainer
+code trains with their trajectory's advantage, and every bad input turned into a row SkyRL's loop
+takes.
 
 skyrl is not a dependency of the project and needs Python >= 3.12: `make test-skyrl` runs these in
 `.venv-skyrl`, where it is installed; elsewhere they skip, saying so.
@@ -25,7 +26,8 @@ base = pytest.importorskip(
 )
 trainer_utils = pytest.importorskip("skyrl.train.utils.trainer_utils", reason="skyrl is missing")
 preprocess = pytest.importorskip("skyrl.train.dataset.preprocess", reason="skyrl is missing")
-ppo_utils = pytest.importorskip("skyrl.backends.skyrl_train.utils.ppo_utils", reason="no skyrl")
+trainer = pytest.importorskip("skyrl.train.trainer", reason="skyrl is missing")
+config = pytest.importorskip("skyrl.train.config", reason="skyrl is missing")
 torch = pytest.importorskip("torch", reason="skyrl needs torch")
 
 from tests.support.sessions_fake import responder  # noqa: E402
@@ -182,6 +184,32 @@ def tensorise(output: Any, pad_id: int) -> Any:
         output["loss_masks"],
         output["rollout_logprobs"],
     )
+
+
+def trainer_advantages(output: Any, tokenizer: Any, *, step_wise: bool, group_size: int) -> Any:
+    """The advantages SkyRL's trainer computes for a batch, by its own code: `RayPPOTrainer`'s
+    `postprocess_generator_output`, `convert_to_training_input` and
+    `compute_advantages_and_returns` (GRPO), called with a stand-in for the trainer object that
+    holds what they read (its config, tokenizer, metrics and data-parallel size), since the real
+    one needs Ray workers and GPUs. Returns the advantages and loss mask, `[rows, response]`."""
+    cfg = config.SkyRLTrainConfig()
+    cfg.generator.step_wise_trajectories = step_wise
+    cfg.generator.n_samples_per_prompt = group_size
+    cfg.trainer.algorithm.advantage_estimator = "grpo"
+    cfg.trainer.train_batch_size = cfg.trainer.policy_mini_batch_size = 1
+    stand_in = SimpleNamespace(
+        cfg=cfg,
+        tokenizer=tokenizer,
+        all_metrics={},
+        dispatch=SimpleNamespace(get_lcm_dp_size=lambda: 1),
+    )
+    ppo = trainer.RayPPOTrainer
+    uids = [t.instance_id for t in output["trajectory_ids"]]
+    output, uids = ppo.postprocess_generator_output(stand_in, output, uids)
+    data = ppo.convert_to_training_input(stand_in, output, uids)
+    data["values"] = None
+    data = ppo.compute_advantages_and_returns(stand_in, data)
+    return data["advantages"], data["loss_mask"]
 
 
 # ---- the tests ----
@@ -342,15 +370,39 @@ async def test_a_prompt_that_is_not_chat_messages_is_a_row_that_trains_nothing(
 async def test_a_group_of_equal_rewards_gets_zero_advantage_from_skyrls_grpo(
     engine: EngineClient, tokenizer: Any
 ) -> None:
-    """Four rollouts of one task, all reward 1.0: SkyRL's GRPO estimator gives every token
-    advantage 0 (nothing to learn from the group), with no NaN."""
+    """Four rollouts of one task, all reward 1.0: SkyRL's trainer gives every token advantage 0
+    (nothing to learn from the group), with no NaN."""
     generator = TitoGenerator(short_agent, tokenizer=tokenizer, inference_engine_client=engine)
     out = await generator.generate(batch(PROMPT, repeat=4))
     validate(out, 4)
-    _, _, response_mask, rewards, *_ = tensorise(out, tokenizer.pad_token_id or 0)
-    index = np.array([t.instance_id for t in out["trajectory_ids"]])
-    advantages, _ = ppo_utils.compute_grpo_outcome_advantage(rewards, response_mask, index)
+    advantages, _ = trainer_advantages(out, tokenizer, step_wise=False, group_size=4)
     assert torch.equal(advantages, torch.zeros_like(advantages))
+
+
+async def scored_by_repetition(prompt: Any, client: Any, model: str, trajectory_id: Any) -> float:
+    """Two linked segments; reward = the rollout's repetition number (0, 1, ...)."""
+    await two_conversations(prompt, client, model)
+    return float(trajectory_id.repetition_id)
+
+
+async def test_every_step_of_a_trajectory_trains_with_the_trajectorys_advantage(
+    engine: EngineClient, tokenizer: Any
+) -> None:
+    """Two rollouts of one task, two linked segments each, rewards 0 and 1: SkyRL's trainer
+    computes the GRPO advantage from each trajectory's last step and gives it to both of its
+    steps, so the first segment's tokens train too (no segment is dropped)."""
+    generator = TitoGenerator(
+        scored_by_repetition, tokenizer=tokenizer, inference_engine_client=engine, step_wise=True
+    )
+    out = await generator.generate(batch(PROMPT, repeat=2))
+    validate(out, 2, step_wise=True)
+    advantages, loss_mask = trainer_advantages(out, tokenizer, step_wise=True, group_size=2)
+    trained = [advantages[i][loss_mask[i].bool()] for i in range(4)]
+    assert all(len(row) > 0 for row in trained)
+    low, high = trained[0][0].item(), trained[2][0].item()
+    assert low < 0 < high and low == pytest.approx(-high)
+    for row, value in zip(trained, [low, low, high, high], strict=True):
+        assert torch.allclose(row, torch.full_like(row, value))
 
 
 async def test_an_agent_by_name_on_a_server_of_your_own(server: Any, tokenizer: Any) -> None:

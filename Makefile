@@ -112,7 +112,7 @@ $(VERL_STAMP): pyproject.toml
 # 5.5 GB; no CPU build is on PyPI), which skyrl's generator module imports; it runs on the CPU.
 # skyrl is installed without its dependencies (its `skyrl-train` extra would build flash-attn);
 # what the generator module and the trainer's output check (`validate_generator_output`) import is
-# named instead. Building it took 7 to 8 min on the 2-core machine under load, the tests 15 s.
+# named instead. Building it took 7 to 8 min on the 2-core machine under load, its tests 30 s.
 SKYRL_VENV := .venv-skyrl
 SKYRL_STAMP := $(SKYRL_VENV)/.installed
 SKYRL_PYTHON ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12)),python3.12)

@@ -24,7 +24,7 @@ ifneq ($(PIP_FIND_LINKS),)
 export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 endif
 
-.PHONY: demo rl-step rl-loop wheels test test-core test-verl test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
+.PHONY: demo rl-step rl-loop wheels test test-core test-verl test-skyrl test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
 
 # Real services the tests drive: Redis (sinks), Chromium (the HTML sample inspector) and Node.js
 # with npm (the official openai Node client through the capture gateway).
@@ -124,6 +124,31 @@ $(VERL_STAMP): pyproject.toml | $(UV)
 	    -e integrations/tito-agents-langchain -e integrations/tito-agents-openai-agents langchain
 	$(VERL_VENV)/bin/python -c "import tito_agents.rl.verl_loop, pytest_asyncio, pytest_timeout"
 	$(VERL_VENV)/bin/python -c "import tito_agents_langchain, tito_agents_openai_agents, langchain"
+	touch $@
+
+# The SkyRL generator (tito_agents.rl.skyrl_generator) against the real skyrl, in an environment
+# of its own. skyrl 0.4.0 needs Python >= 3.12 (on 3.11 its import stops in pydantic: "use
+# typing_extensions.TypedDict instead of typing.TypedDict on Python < 3.12"): pyenv's 3.12, else
+# `python3.12` on PATH, or SKYRL_PYTHON=... (uv cannot fetch one here: its builds come from GitHub).
+# On x86_64 PyPI's torch for 3.12 is the CUDA build with its nvidia wheels (4.6 GB of the venv's
+# 5.5 GB; no CPU build is on PyPI), which skyrl's generator module imports; it runs on the CPU.
+# skyrl is installed without its dependencies (its `skyrl-train` extra would build flash-attn);
+# what the generator module and the trainer's output check (`validate_generator_output`) import is
+# named instead. Building it took 7 to 8 min on the 2-core machine under load, its tests 30 s.
+SKYRL_VENV := .venv-skyrl
+SKYRL_STAMP := $(SKYRL_VENV)/.installed
+SKYRL_PYTHON ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12)),python3.12)
+SKYRL_PINS := torch==2.13.0 skyrl-gym loguru tqdm omegaconf pydantic cloudpathlib pandas aiohttp \
+    orjson pybase64 rich pyyaml ray==2.57.0 torchdata jaxtyping datasets
+test-skyrl: $(SKYRL_STAMP)
+	$(SKYRL_VENV)/bin/python -m pytest -p no:cacheprovider tests/skyrl
+
+$(SKYRL_STAMP): pyproject.toml
+	rm -rf $(SKYRL_VENV) && $(SKYRL_PYTHON) -m venv $(SKYRL_VENV)
+	$(SKYRL_VENV)/bin/python -m pip install -q -e '.[testing]' $(SKYRL_PINS) $(CORE_TOOLS) \
+	    2>&1 | grep -v '^WARNING: Location' || true
+	$(SKYRL_VENV)/bin/python -m pip install -q --no-deps skyrl==0.4.0 2>&1 | grep -v '^WARNING: Location' || true
+	$(SKYRL_VENV)/bin/python -c "import tito_agents.rl.skyrl_generator, pytest_asyncio, pytest_timeout"
 	touch $@
 
 test-fast: $(STAMP)

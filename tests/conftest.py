@@ -24,6 +24,7 @@ CORE_MODULES = frozenset(
         "test_constraints",
         "test_convert_advantages",
         "test_convert_samples",
+        "test_convert_skyrl",
         "test_convert_trl",
         "test_episodes",
         "test_export",

@@ -5,6 +5,7 @@ installed); the samples are never modified and stay unshifted.
 
     from tito_agents.convert import to_verl_batch, to_trl_rollout, pad_batch, pack_batch
     batch = to_verl_batch(samples)               # verl agent-loop fields + uid
+    rows = to_skyrl_steps(samples)               # SkyRL GeneratorOutput rows (step-wise)
     out = to_trl_rollout(samples)                # what a TRL GRPOTrainer rollout_func returns
     padded = pad_batch(samples, padding_side="right")
     packed = pack_batch(samples, advantages=group_advantages(samples))
@@ -43,6 +44,7 @@ from tito_agents.convert.behaviour import (
     needs_behaviour_logprobs,
 )
 from tito_agents.convert.packing import PackedBatch, pack_batch, pack_batches
+from tito_agents.convert.skyrl import to_skyrl_steps
 from tito_agents.convert.trl import (
     TrlRolloutSampleFields,
     check_generation_blocks,
@@ -79,6 +81,7 @@ __all__ = [
     "prompt_length",
     "stable_int_id",
     "to_agent_loop_outputs",
+    "to_skyrl_steps",
     "to_trl_rollout",
     "to_trl_rollout_samples",
     "to_verl_batch",

@@ -39,28 +39,23 @@ reward 0.0 counts in its GRPO group like a failed attempt's.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import inspect
 import logging
-import math
-import numbers
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
-import numpy as np
-import openai
 import verl
 
-from tito_agents.collector import Collector
 from tito_agents.convert import to_agent_loop_outputs
 from tito_agents.errors import ConfigurationError
+from tito_agents.rl.agent_episode import (
+    Agent,
+    EpisodeFailure,
+    load_agent,
+    run_episode,
+)
 from tito_agents.samples import Sample
-from tito_agents.sinks import CallbackSink
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
-"""verl's `rm_scores` are float32: a larger reward turns into inf there."""
 
 SUPPORTED_VERL = ("0.9.1",)
 """The verl releases this loop is tested against (its agent-loop API changes between releases)."""
@@ -86,69 +81,9 @@ from verl.experimental.agent_loop.agent_loop import (  # noqa: E402  (after the 
 
 logger = logging.getLogger(__name__)
 
-Agent = Callable[..., Awaitable[float | None]]
-"""`async def agent(prompt, client, **fields) -> reward`: one rollout of the row's `raw_prompt`
-through the collector-wrapped `client`; None keeps the reward it set on the episode
-(`tito_agents.current_episode().set_reward`)."""
-
 FAILURES: Counter[str] = Counter()
 """Failed episodes in this process, by kind ("agent_error", "no_call", "bad_reward",
 "segments", "no_prompt")."""
-
-_collector: Collector | None = None
-
-
-def _discard(samples: Sequence[Sample]) -> None:
-    """The samples reach verl through `run`'s return value; nothing else keeps them."""
-
-
-def shared_collector() -> Collector:
-    """The process's collector (verl builds a loop object per row; the capture state is shared)."""
-    global _collector
-    if _collector is None:
-        _collector = Collector(CallbackSink(_discard), capture_logprobs=True, assembly="merged")
-    return _collector
-
-
-def load_agent(path: str) -> Agent:
-    """The agent function named `module:function` (the YAML entry's `agent`)."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ConfigurationError(f"agent {path!r} must be 'module:function'")
-    agent = getattr(importlib.import_module(module_name), attr)
-    if not inspect.iscoroutinefunction(agent):
-        raise ConfigurationError(f"agent {path!r} must be an `async def agent(prompt, client)`")
-    return agent  # type: ignore[no-any-return]
-
-
-def agent_fields(agent: Agent, row: Mapping[str, Any]) -> dict[str, Any]:
-    """The dataset fields `agent` takes as keywords: those it names, or all with `**fields`."""
-    params = inspect.signature(agent).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return dict(row)
-    named = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}
-    return {k: v for k, v in row.items() if k in named - {"prompt", "client"}}
-
-
-class EpisodeFailure(Exception):
-    """Why an episode gives verl no trainable row; `kind` is its `FAILURES` key."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-
-
-def finite_reward(value: object) -> float | None:
-    """`value` as a finite float (None stays None), or `EpisodeFailure` saying what it was."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise EpisodeFailure("bad_reward", f"the agent returned {value!r}, not a number")
-    if not math.isfinite(float(value)) or abs(float(value)) > FLOAT32_MAX:
-        raise EpisodeFailure(
-            "bad_reward", f"the agent returned reward {value!r}, not a finite float32 number"
-        )
-    return float(value)
 
 
 def prompt_of(row: Mapping[str, Any]) -> str | list[dict[str, Any]]:
@@ -217,37 +152,17 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
         return outputs if len(outputs) > 1 else outputs[0]
 
     async def _episode(self, prompt: Any, row: Mapping[str, Any]) -> list[Sample]:
-        collector = shared_collector()
         group = str(row.get("uid", row.get("index", uuid.uuid4().hex)))
+        fields = {k: v for k, v in row.items() if k != "raw_prompt"}
         async with self._server(uuid.uuid4().hex) as base_url:
-            client = collector.wrap(openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY"))
-            # what a framework agent builds its own model client from (LangChain's
-            # `wrap(ChatOpenAI(base_url=...), collector)`), beside the row's fields
-            fields = {**row, "base_url": base_url, "collector": collector}
-            fields.pop("raw_prompt", None)
-            try:
-                async with collector.episode(group_id=group, sessions=self._sessions) as ep:
-                    reward = finite_reward(
-                        await self._agent(prompt, client, **agent_fields(self._agent, fields))
-                    )
-                    if reward is not None:
-                        ep.set_reward(reward)
-            except EpisodeFailure:
-                raise
-            except Exception as exc:
-                raise EpisodeFailure(
-                    "agent_error", f"the agent raised {type(exc).__name__}: {exc}"
-                ) from exc
-            finally:
-                await client.close()
-        samples = [s for s in ep.samples if s.view == "merged"]
-        if not samples:
-            raise EpisodeFailure(
-                "no_call", "the agent made no captured call (it must use the client it is handed)"
+            return await run_episode(
+                self._agent,
+                prompt,
+                fields,
+                base_url=base_url,
+                group_id=group,
+                sessions=self._sessions,
             )
-        if any(s.reward is None for s in samples):
-            raise EpisodeFailure("bad_reward", "the agent returned no reward and set none")
-        return samples
 
     @contextlib.asynccontextmanager
     async def _server(self, request_id: str) -> AsyncIterator[str]:

@@ -84,8 +84,8 @@ FIXES: tuple[FrameworkFix, ...] = (
     FrameworkFix(
         "smolagents",
         "smolagents",
-        "OpenAIServerModel(client=collector.wrap(OpenAI(...))); LiteLLMModel only as LiteLLM's "
-        "fix says",
+        "OpenAIServerModel(client=collector.wrap(OpenAI(...))), and "
+        "tito_agents_smolagents.install() for agent names; LiteLLMModel only as LiteLLM's fix says",
         "smolagents",
     ),
     FrameworkFix(

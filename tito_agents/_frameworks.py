@@ -110,7 +110,9 @@ FIXES: tuple[FrameworkFix, ...] = (
     FrameworkFix(
         "agent_framework",
         "Microsoft Agent Framework",
-        "OpenAIChatClient(async_client=collector.wrap(AsyncOpenAI(...)))",
+        "OpenAIChatCompletionClient(async_client=collector.wrap(AsyncOpenAI(...))) (or the "
+        "Responses OpenAIChatClient), and Agent(..., middleware=[AgentNames()]) of "
+        "tito_agents_agent_framework for agent names",
         "microsoft-agent-framework",
     ),
 )

@@ -53,9 +53,10 @@ FIXES: tuple[FrameworkFix, ...] = (
     FrameworkFix(
         "dspy",
         "DSPy",
-        "its default engine talks raw sockets: dspy.LM(..., engine='litellm') with LiteLLM's fix, "
-        "and its response cache off for rollouts "
-        "(dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False))",
+        "its default engine talks raw sockets: dspy.LM(..., engine='litellm', cache=False) with "
+        "LiteLLM's fix; its response cache off (cache=False, or for every LM "
+        "dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)) so each of a "
+        "group's identical prompts reaches the server; tito_agents_dspy.install() for agent names",
         "dspy",
     ),
     FrameworkFix(

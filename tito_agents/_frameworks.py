@@ -105,7 +105,8 @@ FIXES: tuple[FrameworkFix, ...] = (
     FrameworkFix(
         "autogen_ext",
         "AutoGen",
-        "OpenAIChatCompletionClient(http_client=collector.http_client(hosts))",
+        "OpenAIChatCompletionClient(http_client=collector.http_client(hosts)), and "
+        "tito_agents_autogen.install() for agent names",
         "autogen",
     ),
     FrameworkFix(

@@ -84,7 +84,7 @@ def install() -> None:
 
     if not _ORIGINAL:
         _ORIGINAL.append(AssistantAgent.on_messages_stream)
-        AssistantAgent.on_messages_stream = _named(AssistantAgent.on_messages_stream)  # type: ignore[method-assign]
+        AssistantAgent.on_messages_stream = _named(AssistantAgent.on_messages_stream)  # type: ignore[method-assign, assignment]
     register_resolver(resolve_agent)
 
 
@@ -94,4 +94,4 @@ def uninstall() -> None:
     if _ORIGINAL:
         from autogen_agentchat.agents import AssistantAgent
 
-        AssistantAgent.on_messages_stream = _ORIGINAL.pop()  # type: ignore[method-assign]
+        AssistantAgent.on_messages_stream = _ORIGINAL.pop()  # type: ignore[method-assign, assignment]

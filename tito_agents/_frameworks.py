@@ -92,7 +92,8 @@ FIXES: tuple[FrameworkFix, ...] = (
     FrameworkFix(
         "google.adk",
         "Google ADK",
-        "LiteLlm('openai/<model>', client=collector.wrap(AsyncOpenAI(...)))",
+        "LiteLlm('openai/<model>', client=collector.wrap(AsyncOpenAI(...))) (hosted_vllm/ as "
+        "LiteLLM's fix), and tito_agents_google_adk.install() for agent names",
         "google-adk",
     ),
     FrameworkFix(

@@ -100,7 +100,8 @@ FIXES: tuple[FrameworkFix, ...] = (
         "llama_index",
         "LlamaIndex",
         "OpenAILike(openai_client=collector.wrap(OpenAI(...)), "
-        "async_openai_client=collector.wrap(AsyncOpenAI(...)))",
+        "async_openai_client=collector.wrap(AsyncOpenAI(...))), and "
+        "tito_agents_llamaindex.install() for agent names",
         "llamaindex",
     ),
     FrameworkFix(

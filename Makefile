@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 INTEGRATIONS := $(wildcard integrations/*/pyproject.toml)
 INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
+# AutoGen (protobuf 5) and LlamaIndex (openai < 3) clash with the dev environment: each has its own
+INTEGRATIONS := $(filter-out integrations/tito-agents-autogen integrations/tito-agents-llamaindex,$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
 

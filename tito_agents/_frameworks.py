@@ -62,8 +62,9 @@ FIXES: tuple[FrameworkFix, ...] = (
     FrameworkFix(
         "crewai",
         "CrewAI",
-        "one http_client breaks its two clients: wrap the LLM's own (collector.wrap(llm._client), "
-        "collector.wrap(llm._async_client)) or use the gateway",
+        "one http_client breaks its two clients: tito_agents_crewai.wrap_llm(collector, LLM(...)) "
+        "wraps the LLM's own, and tito_agents_crewai.install() names each call's agent role; "
+        "or use the gateway",
         "crewai",
     ),
     FrameworkFix(

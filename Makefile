@@ -7,8 +7,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 INTEGRATIONS := $(wildcard integrations/*/pyproject.toml)
 INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
-# AutoGen (protobuf 5) and LlamaIndex (openai < 3) clash with the dev environment: each has its own
-INTEGRATIONS := $(filter-out integrations/tito-agents-autogen integrations/tito-agents-llamaindex,$(INTEGRATIONS))
+# AutoGen (protobuf 5) and LlamaIndex (openai < 3) clash with the development environment: they
+# are tested in one of their own (test-apart)
+APART := integrations/tito-agents-autogen integrations/tito-agents-llamaindex
+INTEGRATIONS := $(filter-out $(APART),$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
 
@@ -26,7 +28,7 @@ ifneq ($(PIP_FIND_LINKS),)
 export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 endif
 
-.PHONY: demo rl-step rl-loop wheels test test-core test-verl test-skyrl test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
+.PHONY: demo rl-step rl-loop wheels test test-core test-verl test-skyrl test-apart test-fast e2e vllm-prepare bench lint typecheck vllm vllm-stop dev clean sysdeps
 
 # Real services the tests drive: Redis (sinks), Chromium (the HTML sample inspector) and Node.js
 # with npm (the official openai Node client through the capture gateway).
@@ -74,7 +76,10 @@ test:
 	@$(TIER) run core $(MAKE) --no-print-directory test-core
 	@$(TIER) start vllm-prepare $(MAKE) --no-print-directory vllm-prepare
 	@$(TIER) start verl-env $(MAKE) --no-print-directory $(VERL_STAMP)
+	@$(TIER) start apart-env $(MAKE) --no-print-directory $(APART_STAMP)
 	@$(TIER) run unit+integration $(PY) -m pytest -m "not e2e and not install" --not-core --durations=15
+	@$(TIER) wait apart-env
+	@$(TIER) run apart $(MAKE) --no-print-directory test-apart
 	@$(TIER) run install $(PY) -m pytest -m install
 	@$(TIER) wait vllm-prepare
 	@$(TIER) run e2e $(PY) -m pytest -m e2e --durations=15
@@ -153,6 +158,23 @@ $(SKYRL_STAMP): pyproject.toml
 	$(SKYRL_VENV)/bin/python -c "import tito_agents.rl.skyrl_generator, pytest_asyncio, pytest_timeout"
 	touch $@
 
+# Frameworks whose dependencies clash with the development environment's, in one environment of
+# their own: AutoGen (autogen-core pins protobuf 5) and LlamaIndex (llama-index-llms-openai pins
+# openai < 3, so capture runs over openai 2.x and httpx there). `make test` builds it beside the
+# unit tests and runs it after them; its packages are type-checked there too.
+APART_VENV := .venv-apart
+APART_STAMP := $(APART_VENV)/.installed
+test-apart: $(APART_STAMP)
+	$(APART_VENV)/bin/python -m pytest -p no:cacheprovider $(foreach p,$(APART),$(p)/tests)
+	$(APART_VENV)/bin/python -m mypy --strict $(foreach p,$(APART),$(p)/$(subst -,_,$(notdir $(p))))
+
+$(APART_STAMP): pyproject.toml $(foreach p,$(APART),$(p)/pyproject.toml) | $(UV)
+	rm -rf $(APART_VENV) && $(PYTHON) -m venv $(APART_VENV)
+	$(UV_INSTALL) --python $(APART_VENV)/bin/python -e '.[testing]' $(foreach p,$(APART),-e $(p)) \
+	    $(CORE_TOOLS) mypy
+	$(APART_VENV)/bin/python -c "$(foreach p,$(APART),import $(subst -,_,$(notdir $(p)));)"
+	touch $@
+
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not e2e and not install"
 
@@ -221,4 +243,4 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) $(VERL_VENV) $(UV_VENV) out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) $(VERL_VENV) $(APART_VENV) $(UV_VENV) out .pytest_cache .mypy_cache .ruff_cache

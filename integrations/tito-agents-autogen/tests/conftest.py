@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import tito_agents_autogen
 
 from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer
 
@@ -20,6 +19,8 @@ def server() -> Iterator[FakeVLLMServer]:
 
 @pytest.fixture(autouse=True)
 def installed() -> Iterator[None]:
+    import tito_agents_autogen  # only where the framework is: make test-apart
+
     tito_agents_autogen.install()
     yield
     tito_agents_autogen.uninstall()

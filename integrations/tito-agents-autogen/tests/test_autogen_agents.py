@@ -11,7 +11,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-import tito_agents_autogen
 
 import tito_agents as tito
 from tito_agents.config import EmptyEpisodeCause
@@ -23,9 +22,10 @@ from tito_agents.testing.smollm2 import MODEL_NAME
 pytest.importorskip(
     "autogen_agentchat",
     reason="autogen-agentchat is not installed here (its protobuf 5 pin clashes with the dev "
-    "environment): these tests run in AutoGen's own (integrations/tito-agents-autogen/README.md)",
+    "environment): these tests run in their own environment, make test-apart",
 )
 
+import tito_agents_autogen
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat

@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import tito_agents_llamaindex
 
 
 @pytest.fixture(autouse=True)
 def installed() -> Iterator[None]:
+    import tito_agents_llamaindex  # only where the framework is: make test-apart
+
     tito_agents_llamaindex.install()
     yield
     tito_agents_llamaindex.uninstall()

@@ -12,7 +12,6 @@ from typing import Any
 
 import openai
 import pytest
-import tito_agents_llamaindex
 
 import tito_agents as tito
 from tito_agents.config import EmptyEpisodeCause
@@ -30,9 +29,10 @@ from tito_agents.testing.smollm2 import MODEL_NAME
 pytest.importorskip(
     "llama_index.llms.openai_like",
     reason="llama-index-llms-openai-like is not installed here (llama-index-llms-openai pins "
-    "openai < 3): these tests run in LlamaIndex's own (integrations/tito-agents-llamaindex/README.md)",
+    "openai < 3): these tests run in their own environment, make test-apart",
 )
 
+import tito_agents_llamaindex
 from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
 from llama_index.llms.openai_like import OpenAILike
 

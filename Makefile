@@ -65,8 +65,9 @@ $(STAMP): pyproject.toml $(foreach p,$(INTEGRATIONS),$(p)/pyproject.toml) | $(UV
 # stopped by the tests themselves; the first run installs it, several minutes). Each tier prints
 # its wall time and the machine's load before and after it (scripts/tier.sh), and a table of all
 # tiers at the end, so a slow run explains itself; the test tiers list their 15 slowest tests.
-# The real vLLM and verl's environment are installed in the background while the unit tests run
-# (scripts/tier.sh start); verl's tests run last (test-verl).
+# The real vLLM and the trainers' and clashing frameworks' environments (test-apart, test-skyrl,
+# test-verl) are installed in the background while the unit tests run (scripts/tier.sh start);
+# verl's tests, which start a real vLLM of their own, run last.
 TIER := bash scripts/tier.sh
 test:
 	@$(TIER) begin
@@ -75,15 +76,14 @@ test:
 	@$(TIER) run types $(MAKE) --no-print-directory typecheck
 	@$(TIER) run core $(MAKE) --no-print-directory test-core
 	@$(TIER) start vllm-prepare $(MAKE) --no-print-directory vllm-prepare
-	@$(TIER) start verl-env $(MAKE) --no-print-directory $(VERL_STAMP)
-	@$(TIER) start apart-env $(MAKE) --no-print-directory $(APART_STAMP)
+	@$(TIER) start test-envs $(MAKE) --no-print-directory $(APART_STAMP) $(SKYRL_STAMP) $(VERL_STAMP)
 	@$(TIER) run unit+integration $(PY) -m pytest -m "not e2e and not install" --not-core --durations=15
-	@$(TIER) wait apart-env
+	@$(TIER) wait test-envs
 	@$(TIER) run apart $(MAKE) --no-print-directory test-apart
+	@$(TIER) run skyrl $(MAKE) --no-print-directory test-skyrl
 	@$(TIER) run install $(PY) -m pytest -m install
 	@$(TIER) wait vllm-prepare
 	@$(TIER) run e2e $(PY) -m pytest -m e2e --durations=15
-	@$(TIER) wait verl-env
 	@$(TIER) run verl $(MAKE) --no-print-directory test-verl
 	@$(TIER) summary
 
@@ -136,12 +136,14 @@ $(VERL_STAMP): pyproject.toml | $(UV)
 # The SkyRL generator (tito_agents.rl.skyrl_generator) against the real skyrl, in an environment
 # of its own. skyrl 0.4.0 needs Python >= 3.12 (on 3.11 its import stops in pydantic: "use
 # typing_extensions.TypedDict instead of typing.TypedDict on Python < 3.12"): pyenv's 3.12, else
-# `python3.12` on PATH, or SKYRL_PYTHON=... (uv cannot fetch one here: its builds come from GitHub).
+# `python3.12` on PATH, or SKYRL_PYTHON=... (uv cannot fetch one here: its builds come from GitHub;
+# this machine kind's image carries pyenv's 3.12.1).
 # On x86_64 PyPI's torch for 3.12 is the CUDA build with its nvidia wheels (4.6 GB of the venv's
 # 5.5 GB; no CPU build is on PyPI), which skyrl's generator module imports; it runs on the CPU.
 # skyrl is installed without its dependencies (its `skyrl-train` extra would build flash-attn);
 # what the generator module and the trainer's output check (`validate_generator_output`) import is
-# named instead. Building it took 7 to 8 min on the 2-core machine under load, its tests 30 s.
+# named instead. uv builds it in ~30 s on a fresh 2-core machine (pip took 7 to 8 min: the CUDA
+# wheels, one at a time); its tests take ~25 s.
 SKYRL_VENV := .venv-skyrl
 SKYRL_STAMP := $(SKYRL_VENV)/.installed
 SKYRL_PYTHON ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12)),python3.12)
@@ -150,11 +152,10 @@ SKYRL_PINS := torch==2.13.0 skyrl-gym loguru tqdm omegaconf pydantic cloudpathli
 test-skyrl: $(SKYRL_STAMP)
 	$(SKYRL_VENV)/bin/python -m pytest -p no:cacheprovider tests/skyrl
 
-$(SKYRL_STAMP): pyproject.toml
+$(SKYRL_STAMP): pyproject.toml | $(UV)
 	rm -rf $(SKYRL_VENV) && $(SKYRL_PYTHON) -m venv $(SKYRL_VENV)
-	$(SKYRL_VENV)/bin/python -m pip install -q -e '.[testing]' $(SKYRL_PINS) $(CORE_TOOLS) \
-	    2>&1 | grep -v '^WARNING: Location' || true
-	$(SKYRL_VENV)/bin/python -m pip install -q --no-deps skyrl==0.4.0 2>&1 | grep -v '^WARNING: Location' || true
+	$(UV_INSTALL) --python $(SKYRL_VENV)/bin/python -e '.[testing]' $(SKYRL_PINS) $(CORE_TOOLS)
+	$(UV_INSTALL) --python $(SKYRL_VENV)/bin/python --no-deps skyrl==0.4.0
 	$(SKYRL_VENV)/bin/python -c "import tito_agents.rl.skyrl_generator, pytest_asyncio, pytest_timeout"
 	touch $@
 
@@ -243,4 +244,4 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) $(VERL_VENV) $(APART_VENV) $(UV_VENV) out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) $(VERL_VENV) $(APART_VENV) $(SKYRL_VENV) $(UV_VENV) out .pytest_cache .mypy_cache .ruff_cache

@@ -19,7 +19,12 @@ from pathlib import Path
 import pytest
 import tito_agents_crewai
 
-from tito_agents.testing.fake_vllm import FakeConfig, FakeVLLMServer, RequestView
+from tito_agents.testing.fake_vllm import (
+    FakeConfig,
+    FakeVLLMServer,
+    RequestView,
+    hermes_tool_call,
+)
 
 with warnings.catch_warnings():  # crewai's own import warns (its lazy `crewai.rag` package)
     warnings.simplefilter("ignore", ImportWarning)
@@ -43,9 +48,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def crew_responder(view: RequestView) -> str:
-    """A CrewAI agent's final answer (its ReAct format), naming the task's first word."""
+    """A CrewAI agent's turn: a manager offered the delegation tool, before any tool result,
+    delegates its task to the Researcher; otherwise a final answer (CrewAI's ReAct format)
+    naming the task's first word."""
     task = str(view.messages[-1].get("content", "")) if view.messages else ""
+    delegate = [n for n in _tool_names(view) if n == "delegate_work_to_coworker"]
+    if delegate and view.messages[-1].get("role") != "tool":
+        arguments = {"task": "Research it.", "context": task, "coworker": "Researcher"}
+        return hermes_tool_call(delegate[0], arguments)
     return f"Thought: I now know the final answer\nFinal Answer: done: {task.split()[:1]}"
+
+
+def _tool_names(view: RequestView) -> list[str]:
+    return [str((t.get("function") or {}).get("name")) for t in view.tools]
 
 
 @pytest.fixture(scope="session")

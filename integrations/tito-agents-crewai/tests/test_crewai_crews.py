@@ -1,7 +1,8 @@
-"""CrewAI against the fake vLLM over HTTP: the quickstart one-agent crew and a two-agent crew (a
-researcher, then a writer), in 8 concurrent episodes (threads: `kickoff` is synchronous) or
-`kickoff_async`, on the documented line (`wrap_llm`). Every request the server answered is a
-captured call of the right episode, labelled with the role of the agent that made it."""
+"""CrewAI against the fake vLLM over HTTP: the quickstart one-agent crew, a two-agent crew (a
+researcher, then a writer) and a manager delegating to a coworker, in 8 concurrent episodes
+(threads: `kickoff` is synchronous) or `kickoff_async`, on the documented line (`wrap_llm`).
+Every request the server answered is a captured call of the right episode, labelled with the
+role of the agent that made it."""
 
 from __future__ import annotations
 
@@ -53,11 +54,23 @@ def _two_agents(llm: LLM) -> Crew:
     return Crew(agents=[researcher, writer], tasks=[research, write], process=Process.sequential)
 
 
+def _hierarchical(llm: LLM) -> Crew:
+    """A manager that delegates its task to a coworker (CrewAI's hierarchical process): the
+    coworker's calls run inside the manager's task, under its own role."""
+    task = Task(description="Find the weather in {city}.", expected_output="a line")
+    agents = [_agent("Researcher", llm), _agent("Writer", llm)]
+    return Crew(agents=agents, tasks=[task], process=Process.hierarchical, manager_llm=llm)
+
+
 @pytest.mark.parametrize("run_async", [False, True], ids=["threads", "kickoff_async"])
 @pytest.mark.parametrize(
     ("make", "agents"),
-    [(_quickstart, ["Researcher"]), (_two_agents, ["Researcher", "Writer"])],
-    ids=["quickstart", "two-agents"],
+    [
+        (_quickstart, ["Researcher"]),
+        (_two_agents, ["Researcher", "Writer"]),
+        (_hierarchical, ["Crew Manager", "Researcher", "Crew Manager"]),
+    ],
+    ids=["quickstart", "two-agents", "delegation"],
 )
 async def test_8_concurrent_episodes_are_captured_per_agent(
     crew_server: FakeVLLMServer,

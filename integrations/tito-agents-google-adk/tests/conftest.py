@@ -38,6 +38,11 @@ _LITELLM_WARNINGS = [
 """What LiteLLM itself warns of, with or without tito (see the LiteLLM integration's tests; and
 pydantic, when LiteLLM reads a streamed chunk's computed fields for ADK)."""
 
+_ADK_WARNINGS = [
+    pytest.mark.filterwarnings("ignore:The `plugins` argument is deprecated:DeprecationWarning"),
+]
+"""What ADK itself warns of: its `AgentTool` builds its runner with a deprecated argument."""
+
 
 def _function(tool: Mapping[str, Any]) -> Mapping[str, Any]:
     return tool.get("function") or {}
@@ -69,7 +74,7 @@ def adk_responder(view: RequestView) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in item.path.parents:
-            for mark in _LITELLM_WARNINGS:
+            for mark in [*_LITELLM_WARNINGS, *_ADK_WARNINGS]:
                 item.add_marker(mark)
 
 

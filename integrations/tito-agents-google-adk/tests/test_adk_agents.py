@@ -2,7 +2,8 @@
 that transfers to it (a root agent with a sub-agent), in 8 concurrent episodes, streamed or not,
 through `LiteLlm` on both of LiteLLM's routes to vLLM (`openai/` with a wrapped client, and
 `hosted_vllm/` with LiteLLM's capture). Every request the server answered is a captured call of
-the right episode, labelled with the agent that made it."""
+the right episode, labelled with the agent that made it; an agent run as another's tool
+(`AgentTool`) keeps its own name."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from google.adk.agents import LlmAgent
 from google.adk.agents.run_config import RunConfig, StreamingMode
 from google.adk.models.lite_llm import LiteLlm
 from google.adk.runners import InMemoryRunner
+from google.adk.tools.agent_tool import AgentTool
 from google.genai import types
 
 import tito_agents as tito
@@ -59,6 +61,18 @@ def _coordinator(model: LiteLlm) -> LlmAgent:
     )
 
 
+def _agent_as_tool(model: LiteLlm) -> LlmAgent:
+    """A coordinator that calls the weather agent as a tool (`AgentTool`): the weather agent's
+    calls run inside the coordinator's tool call, under its own name."""
+    return LlmAgent(
+        name="coordinator",
+        model=model,
+        description="Answers with the help of the weather agent.",
+        instruction="Ask weather_agent about the weather.",
+        tools=[AgentTool(agent=_weather_agent(model))],
+    )
+
+
 @asynccontextmanager
 async def _model(
     server: FakeVLLMServer, collector: tito.Collector, prefix: str
@@ -89,15 +103,19 @@ async def _run(agent: LlmAgent, prompt: str, stream: bool) -> None:
         pass
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["run", "streamed"])
-@pytest.mark.parametrize("prefix", ["openai", "hosted_vllm"])
+@pytest.mark.parametrize(
+    ("prefix", "stream"),
+    [("openai", False), ("openai", True), ("hosted_vllm", True)],
+    ids=["openai", "openai-streamed", "hosted_vllm-streamed"],
+)
 @pytest.mark.parametrize(
     ("make", "agents"),
     [
         (_weather_agent, ["weather_agent", "weather_agent"]),
         (_coordinator, ["coordinator", "weather_agent", "weather_agent"]),
+        (_agent_as_tool, ["coordinator", "weather_agent", "weather_agent", "coordinator"]),
     ],
-    ids=["quickstart", "sub-agent"],
+    ids=["quickstart", "sub-agent", "agent-tool"],
 )
 async def test_8_concurrent_episodes_are_captured_per_agent(
     adk_server: FakeVLLMServer,

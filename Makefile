@@ -7,9 +7,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 INTEGRATIONS := $(wildcard integrations/*/pyproject.toml)
 INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(INTEGRATIONS))
-# AutoGen (protobuf 5) and LlamaIndex (openai < 3) clash with the development environment: they
+# AutoGen (protobuf 5), LlamaIndex (openai < 3), Google ADK (watchdog 7, websockets < 16) and
+# CrewAI (openai < 3, pydantic < 2.13, httpx 0.28) clash with the development environment: they
 # are tested in one of their own (test-apart)
-APART := integrations/tito-agents-autogen integrations/tito-agents-llamaindex
+APART := integrations/tito-agents-autogen integrations/tito-agents-llamaindex \
+    integrations/tito-agents-google-adk integrations/tito-agents-crewai
 INTEGRATIONS := $(filter-out $(APART),$(INTEGRATIONS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export TITO_VLLM_PORT ?= 8765
@@ -160,9 +162,10 @@ $(SKYRL_STAMP): pyproject.toml | $(UV)
 	touch $@
 
 # Frameworks whose dependencies clash with the development environment's, in one environment of
-# their own: AutoGen (autogen-core pins protobuf 5) and LlamaIndex (llama-index-llms-openai pins
-# openai < 3, so capture runs over openai 2.x and httpx there). `make test` builds it beside the
-# unit tests and runs it after them; its packages are type-checked there too.
+# their own where they agree with each other (openai 2.x, so capture runs over httpx there): AutoGen,
+# LlamaIndex, Google ADK and CrewAI (the last two name their framework in a `test` extra; ADK's
+# LiteLLM model is captured through tito-agents-litellm). `make test` builds it beside the unit
+# tests and runs it after them; its packages are type-checked there too.
 APART_VENV := .venv-apart
 APART_STAMP := $(APART_VENV)/.installed
 test-apart: $(APART_STAMP)
@@ -171,8 +174,8 @@ test-apart: $(APART_STAMP)
 
 $(APART_STAMP): pyproject.toml $(foreach p,$(APART),$(p)/pyproject.toml) | $(UV)
 	rm -rf $(APART_VENV) && $(PYTHON) -m venv $(APART_VENV)
-	$(UV_INSTALL) --python $(APART_VENV)/bin/python -e '.[testing]' $(foreach p,$(APART),-e $(p)) \
-	    $(CORE_TOOLS) mypy
+	$(UV_INSTALL) --python $(APART_VENV)/bin/python -e '.[testing]' $(foreach p,$(APART),-e '$(p)[test]') \
+	    -e integrations/tito-agents-litellm $(CORE_TOOLS) mypy
 	$(APART_VENV)/bin/python -c "$(foreach p,$(APART),import $(subst -,_,$(notdir $(p)));)"
 	touch $@
 

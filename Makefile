@@ -68,8 +68,9 @@ $(STAMP): pyproject.toml $(foreach p,$(INTEGRATIONS),$(p)/pyproject.toml) | $(UV
 # its wall time and the machine's load before and after it (scripts/tier.sh), and a table of all
 # tiers at the end, so a slow run explains itself; the test tiers list their 15 slowest tests.
 # The real vLLM and the trainers' and clashing frameworks' environments (test-apart, test-skyrl,
-# test-verl) are installed in the background while the unit tests run (scripts/tier.sh start);
-# verl's tests, which start a real vLLM of their own, run last.
+# test-verl) are installed in the background while the unit tests run (scripts/tier.sh start), and
+# their tests run in the background beside the install tier (mostly pip and the network), before
+# the e2e tier starts its servers (verl's e2e test starts and stops a real vLLM of its own).
 TIER := bash scripts/tier.sh
 test:
 	@$(TIER) begin
@@ -81,12 +82,11 @@ test:
 	@$(TIER) start test-envs $(MAKE) --no-print-directory $(APART_STAMP) $(SKYRL_STAMP) $(VERL_STAMP)
 	@$(TIER) run unit+integration $(PY) -m pytest -m "not e2e and not install" --not-core --durations=15
 	@$(TIER) wait test-envs
-	@$(TIER) run apart $(MAKE) --no-print-directory test-apart
-	@$(TIER) run skyrl $(MAKE) --no-print-directory test-skyrl
-	@$(TIER) run install $(PY) -m pytest -m install
 	@$(TIER) wait vllm-prepare
+	@$(TIER) start apart+skyrl+verl $(MAKE) --no-print-directory test-apart test-skyrl test-verl
+	@$(TIER) run install $(PY) -m pytest -m install
+	@$(TIER) wait apart+skyrl+verl
 	@$(TIER) run e2e $(PY) -m pytest -m e2e --durations=15
-	@$(TIER) run verl $(MAKE) --no-print-directory test-verl
 	@$(TIER) summary
 
 # The slim core stays slim: `pip install .` alone (no extras) plus the test tools, then the test
